@@ -1,0 +1,42 @@
+"""ibpo-jax: IBPO and token-gradient-cancellation RL for LLM reasoning, in JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="ibpo-jax",
+    version="0.1.0",
+    description="Implicit Behavioral Policy Optimization (IBPO) for LLM reasoning in JAX/Flax",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ibpo_jax", "ibpo_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6,<0.11",
+        "flax>=0.10,<0.13",
+        "optax>=0.2.4,<0.3",
+        "orbax-checkpoint>=0.11,<0.13",
+        "transformers>=4.51,<6",  # Qwen3 support landed in 4.51
+        "safetensors>=0.4,<1",
+        "ml_collections>=0.1.1,<2",
+        "tensorflow-datasets>=4.9.7,<5",
+        "array-record>=0.7,<1",
+        "numpy>=1.26,<3",
+        "math-verify>=0.7,<1",
+        "tensorboardX>=2.6,<3",
+        "tqdm>=4.66,<5",
+    ],
+    extras_require={
+        "dev": [
+            "pytest>=8,<10",
+            "pytest-xdist>=3.5,<4",
+            "hypothesis>=6.100,<7",
+            "rapidfuzz>=3.9,<4",
+            "chex>=0.1.88,<0.2",
+            # CPU torch for the HF parity tests; `make` installs the local CPU wheel first so
+            # this range is already satisfied and pip never pulls a CUDA build.
+            "torch>=2.4,<2.15",
+            "trl>=0.20,<2",  # the peer in experiments/benchmarks/bench_rl_step.py
+            "ruff>=0.6",
+        ],
+    },
+)

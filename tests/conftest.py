@@ -1,0 +1,19 @@
+"""Test-wide set-up: 8 fake CPU devices for the sharding tests, and a hypothesis profile
+without deadlines (first calls include XLA compilation)."""
+
+import os
+
+# Must happen before jax is imported anywhere in the test process.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ibpo",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    derandomize=os.environ.get("CI") == "true",  # CI reruns are reproducible
+)
+settings.load_profile("ibpo")
