@@ -2,7 +2,7 @@
 gradient cancellation for RL of LLM reasoning, in JAX/Flax.
 
 The math lives in ``comparison`` (φ), ``advantages``, ``losses`` and ``cancellation``;
-``../DESIGN.md`` (shipped as ``docs/DESIGN.md``) is the specification they cite.
+``docs/DESIGN.md`` is the specification they cite (section numbers "DESIGN §n").
 """
 
 __version__ = "0.1.0"

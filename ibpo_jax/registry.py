@@ -5,13 +5,15 @@ policy losses, loss aggregations, KL estimators, cancellation transforms, reward
 An unknown name raises one error that lists the valid ones, so a typo in a config fails at
 start-up with the fix in the message.
 
-Modules register their functions at import time with ``@REGISTRY.register("name")``;
-``ibpo_jax/__init__.py`` imports them so every registry is complete once the package is
-imported.
+Modules register their functions at import time with ``@REGISTRY.register("name")``. Each
+registry knows which modules define its entries and imports them on first lookup, so
+``OPERATORS.get("lcs")`` works without the caller importing ``ibpo_jax.comparison`` first and
+importing this module stays free of jax.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -28,9 +30,17 @@ class UnknownNameError(KeyError):
 class Registry(Generic[T]):
     """A named mapping from string keys to implementations of one kind."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, modules: tuple[str, ...] = ()):
         self.kind = kind
+        self._modules = modules  # imported on first lookup; they register the entries
+        self._loaded = False
         self._entries: dict[str, T] = {}
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            for module in self._modules:
+                importlib.import_module(module)
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -43,6 +53,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str, *, key: str | None = None) -> T:
         """Returns the entry; `key` (e.g. a config path) is named in the error."""
+        self._load()
         try:
             return self._entries[name]
         except KeyError:
@@ -57,9 +68,11 @@ class Registry(Generic[T]):
         return name
 
     def names(self) -> list[str]:
+        self._load()
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self._load()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
@@ -69,11 +82,14 @@ class Registry(Generic[T]):
         return f"Registry({self.kind!r}, {self.names()})"
 
 
-OPERATORS: Registry[Callable[..., Any]] = Registry("comparison operator")
-ESTIMATORS: Registry[Callable[..., Any]] = Registry("advantage estimator")
-LOSSES: Registry[Callable[..., Any]] = Registry("policy loss")
-AGGREGATIONS: Registry[Callable[..., Any]] = Registry("loss aggregation")
-KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator")
-TRANSFORMS: Registry[Callable[..., Any]] = Registry("cancellation transform")
-REWARDS: Registry[Callable[..., Any]] = Registry("reward")
-TASKS: Registry[Callable[..., Any]] = Registry("task")
+OPERATORS: Registry[Callable[..., Any]] = Registry(
+    "comparison operator", ("ibpo_jax.comparison",))
+ESTIMATORS: Registry[Callable[..., Any]] = Registry(
+    "advantage estimator", ("ibpo_jax.advantages",))
+LOSSES: Registry[Callable[..., Any]] = Registry("policy loss", ("ibpo_jax.losses",))
+AGGREGATIONS: Registry[Callable[..., Any]] = Registry("loss aggregation", ("ibpo_jax.losses",))
+KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator", ("ibpo_jax.losses",))
+TRANSFORMS: Registry[Callable[..., Any]] = Registry(
+    "cancellation transform", ("ibpo_jax.cancellation",))
+REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))
+TASKS: Registry[Callable[..., Any]] = Registry("task", ("ibpo_jax.data",))
