@@ -24,6 +24,7 @@ setup(
         "math-verify>=0.7,<1",
         "tensorboardX>=2.6,<3",
         "tqdm>=4.66,<5",
+        "pyarrow>=14,<30",  # parquet benchmark files (AIME 2024, Codeforces)
     ],
     extras_require={
         "dev": [
