@@ -1,0 +1,108 @@
+"""Rows of local data files (jsonl, json, parquet), with errors naming file, line and field.
+
+A `path` may be a file, a directory (every *.jsonl, *.json and *.parquet file in it, sorted by
+name, e.g. the shards of a Hugging Face parquet export) or a glob pattern. Rows come back as
+plain dicts together with a location string "FILE:LINE" (jsonl: 1-based line; json: 1-based
+element of the top-level array; parquet: 1-based row) used in every error message.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+_MISSING = object()
+
+
+class DataFormatError(ValueError):
+    """A data file is missing, has a malformed row, or a row lacks a field (message says where)."""
+
+
+def expand_paths(path: str | os.PathLike) -> list[str]:
+    """The data files `path` stands for: itself, the data files in a directory, or a glob."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(SUFFIXES))
+    elif os.path.isfile(path):
+        files = [path]
+    else:
+        files = sorted(glob.glob(path))
+    if not files:
+        raise DataFormatError(f"{path}: no such file, or no {'/'.join(SUFFIXES)} files there")
+    for f in files:
+        if not f.endswith(SUFFIXES):
+            raise DataFormatError(f"{f}: unsupported file type; expected one of {SUFFIXES}")
+    return files
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                yield where, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataFormatError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") \
+                    from None
+
+
+def _json_rows(path: str) -> Iterator[tuple[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise DataFormatError(f"{path}: expected a JSON array of records at the top level")
+    for i, row in enumerate(data, start=1):
+        yield f"{path}:{i}", row
+
+
+def _parquet_rows(path: str) -> Iterator[tuple[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow ships with the package requirements
+        raise DataFormatError(f"{path}: reading parquet needs `pip install pyarrow`") from None
+    row_no = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        for row in batch.to_pylist():
+            row_no += 1
+            yield f"{path}:{row_no}", row
+
+
+def iter_rows(path: str | os.PathLike) -> Iterator[tuple[str, dict]]:
+    """Yields (location, row dict) for every record of every file `path` stands for."""
+    for file in expand_paths(path):
+        reader = (_jsonl_rows if file.endswith(".jsonl") else
+                  _json_rows if file.endswith(".json") else _parquet_rows)
+        for where, row in reader(file):
+            if not isinstance(row, dict):
+                raise DataFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
+            yield where, row
+
+
+def get_field(row: Mapping[str, Any], name: str, where: str, *, types: type | tuple[type, ...],
+              default: Any = _MISSING) -> Any:
+    """row[name] checked against `types`; a missing or null field returns `default` if given.
+
+    Raises DataFormatError "FILE:LINE: field 'name' ..." otherwise.
+    """
+    value = row.get(name, None)
+    if value is None:
+        if default is not _MISSING:
+            return default
+        present = "is null" if name in row else "is missing"
+        raise DataFormatError(f"{where}: field {name!r} {present} (row has: {sorted(row)})")
+    allowed = types if isinstance(types, tuple) else (types,)
+    # bool is an int subclass: never accept it where a number is meant
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = "/".join(t.__name__ for t in allowed)
+        raise DataFormatError(
+            f"{where}: field {name!r} should be {names}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,151 @@
+"""Tasks: what the trainer samples prompts from, how it words them, and which reward scores them.
+
+`get_task(name, **kwargs)` looks `name` up in `registry.TASKS`:
+
+  arith          the embedded procedural task (ibpo_jax.data.arith), TFDS/array_record backed
+  math_jsonl     a generic RL training prompt file (prompt + answer, e.g. DeepScaleR, MATH train)
+  math500, aime24, aime25, olympiadbench          math benchmarks from local files
+  livecodebench, codeforces                       code benchmarks from local files
+
+Real-data tasks read the user's downloaded files (no hub access): pass `path` (a file, a directory
+of shards or a glob) for the task's default split, or `files={"train": ..., "test": ...}`, and
+`fields={canonical: column}` when the columns are named differently (see formats.DEFAULT_FIELDS).
+Prompts go through the chat template of `tokenizer` (an HFTokenizer; Qwen3's thinking switch is
+`enable_thinking`) and ask for the final answer in \\boxed{} (math) or for one Python code block
+(code). Without a tokenizer the prompt is the bare instruction text (for base models).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping, Sequence
+
+from ibpo_jax.data import arith, formats
+from ibpo_jax.registry import TASKS
+
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+CODE_STDIO_INSTRUCTION = (
+    "Write a Python 3 program that reads the input from standard input and writes the answer to "
+    "standard output. Put the complete program in a single ```python code block at the end of "
+    "your response.")
+CODE_STARTER_INSTRUCTION = (
+    "Complete the following starter code in Python 3 (keep the class and method names). Put the "
+    "complete solution in a single ```python code block at the end of your response.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A named task.
+
+    name: the registry name.
+    reward: the REWARDS name that scores its responses.
+    splits: split name -> zero-argument loader returning a random-access sequence of
+      plain-dict records (`len(src)`, `src[i]`; records are picklable). A loader reads its
+      files on every call: keep the returned source.
+    prompt_fn: record -> prompt text.
+    reference_fn: record -> reference solution text, or None.
+    """
+
+    name: str
+    reward: str
+    splits: Mapping[str, Callable[[], Sequence[dict]]]
+    prompt_fn: Callable[[dict], str]
+    reference_fn: Callable[[dict], str | None]
+
+    def split(self, name: str) -> Sequence[dict]:
+        if name not in self.splits:
+            raise ValueError(
+                f"task {self.name!r} has no split {name!r}; available: {sorted(self.splits)}")
+        return self.splits[name]()
+
+    def prompt_text(self, record: dict) -> str:
+        return self.prompt_fn(record)
+
+    def reference_text(self, record: dict) -> str | None:
+        return self.reference_fn(record)
+
+
+def get_task(name: str, **kwargs) -> Task:
+    """The task `name` (a TASKS entry) built with the task's keyword arguments."""
+    return TASKS.get(name, key="task")(**kwargs)
+
+
+@TASKS.register("arith")
+def arith_task(*, config: arith.ArithConfig | str = "level3", num_train: int = 20000,
+               num_validation: int = 500, num_test: int = 500, seed: int = 0,
+               data_dir: str | None = None) -> Task:
+    """`arith` at a LADDER level (or an explicit ArithConfig), built on first use into data_dir."""
+    from ibpo_jax.data import arith_tfds  # tfds is only imported when arith is used
+
+    builder_config = arith_tfds.ArithBuilderConfig.make(
+        config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
+    splits = {s: functools.partial(arith_tfds.load_split, builder_config, s, data_dir)
+              for s in ("train", "validation", "test")}
+    return Task(name="arith", reward="arith", splits=splits, prompt_fn=arith.prompt_text,
+                reference_fn=_reference)
+
+
+def _chat(text: str, tokenizer, enable_thinking: bool, system: str | None) -> str:
+    if tokenizer is None:
+        return text
+    return tokenizer.chat_prompt(text, enable_thinking=enable_thinking, system=system)
+
+
+def _math_prompt(record: dict, *, tokenizer, enable_thinking: bool, system: str | None) -> str:
+    return _chat(f"{record['problem']}\n\n{MATH_INSTRUCTION}", tokenizer, enable_thinking, system)
+
+
+def _code_prompt(record: dict, *, tokenizer, enable_thinking: bool, system: str | None) -> str:
+    if record["starter_code"]:
+        text = (f"{record['question']}\n\n{CODE_STARTER_INSTRUCTION}\n\n"
+                f"```python\n{record['starter_code']}\n```")
+    else:
+        text = f"{record['question']}\n\n{CODE_STDIO_INSTRUCTION}"
+    return _chat(text, tokenizer, enable_thinking, system)
+
+
+def _file_task(name: str, *, reward: str, default_split: str, prompt: Callable[..., str],
+               reference: Callable[[dict], str | None]):
+    """Registers a task over local files in the format `name` (formats.CONVERTERS)."""
+
+    def make(*, path: str | None = None, files: Mapping[str, str] | None = None,
+             fields: Mapping[str, str] | None = None, tokenizer=None,
+             enable_thinking: bool = True, system: str | None = None) -> Task:
+        if (path is None) == (files is None):
+            raise ValueError(
+                f"task {name!r}: give exactly one of path= (the {default_split} split) or "
+                "files={split: path}")
+        files = {default_split: path} if files is None else dict(files)
+        splits = {s: functools.partial(formats.load_records, name, p, fields=fields)
+                  for s, p in files.items()}
+        prompt_fn = functools.partial(prompt, tokenizer=tokenizer,
+                                      enable_thinking=enable_thinking, system=system)
+        return Task(name=name, reward=reward, splits=splits, prompt_fn=prompt_fn,
+                    reference_fn=reference)
+
+    make.__name__ = make.__qualname__ = f"{name}_task"
+    make.__doc__ = f"Task {name!r} over local files (default split {default_split!r})."
+    TASKS.register(name)(make)
+
+
+def _reference(record: dict) -> str:
+    return record["reference"]
+
+
+def _solution(record: dict) -> str | None:
+    return record.get("solution")
+
+
+def _no_reference(record: dict) -> None:
+    return None
+
+
+_file_task("math_jsonl", reward="math", default_split="train", prompt=_math_prompt,
+           reference=_solution)
+for _name in ("math500", "aime24", "aime25", "olympiadbench"):
+    _file_task(_name, reward="math", default_split="test", prompt=_math_prompt,
+               reference=_solution)
+for _name in ("livecodebench", "codeforces"):
+    _file_task(_name, reward="code", default_split="test", prompt=_code_prompt,
+               reference=_no_reference)
