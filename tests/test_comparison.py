@@ -1,0 +1,365 @@
+"""Tests for ibpo_jax.comparison: the bit-parallel kernels against rapidfuzz and a greedy
+subsequence reference, φ/Δ on hand-built groups, and the step splitting/hashing."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rapidfuzz.distance import LCSseq, Levenshtein
+
+from ibpo_jax import _bitparallel
+from ibpo_jax import comparison as C
+from ibpo_jax.registry import OPERATORS, UnknownNameError
+
+PAD = 320  # static padded length of every kernel test input (11 words of 31 bits)
+N_EXAMPLE = 8  # pairs drawn per hypothesis example
+TILE = 8  # ... each repeated TILE times with different padding: 64 pairs
+
+_lcs = jax.jit(jax.vmap(C.lcs_first_error))
+_lev = jax.jit(jax.vmap(C.edit_distance))
+_lcs1 = jax.jit(C.lcs_first_error)
+# the public path splits 64 pairs into chunks of 32 (one 11-word stripe each); the unchunked
+# kernels on 64 pairs use 2 stripes of 6 words, so the stripe hand-over is covered too
+_lcs_stripes = jax.jit(_bitparallel._lcs_first_error_chunk)
+_lev_stripes = jax.jit(_bitparallel._levenshtein_chunk)
+_lev1 = jax.jit(C.edit_distance)
+
+
+def first_error_ref(a, b):
+    """max k such that a[:k] is a subsequence of b (greedy matching is optimal for this)."""
+    j = 0
+    for k, x in enumerate(a):
+        while j < len(b) and b[j] != x:
+            j += 1
+        if j == len(b):
+            return k
+        j += 1
+    return len(a)
+
+
+# word boundaries of the 31-bit words (and of 32/64-bit ones for good measure)
+_EDGES = [0, 1, 2, 30, 31, 32, 33, 61, 62, 63, 64, 65, 92, 93, 94, 299, 300]
+_length = st.one_of(st.sampled_from(_EDGES), st.integers(0, 300))
+
+
+@st.composite
+def _pair(draw):
+    vocab = draw(st.sampled_from([1, 2, 3, 5, 40, 150_000]))
+    sym = st.integers(0, vocab - 1)
+    la, lb = draw(_length), draw(_length)
+    a = draw(st.lists(sym, min_size=la, max_size=la))
+    b = draw(st.lists(sym, min_size=lb, max_size=lb))
+    return a, b
+
+
+def _padded(seqs, rng):
+    """[len(seqs), PAD] int32 with random garbage (including ids that occur in the data)."""
+    out = rng.integers(-5, 150_000, size=(len(seqs), PAD)).astype(np.int32)
+    for row, s in zip(out, seqs):
+        row[: len(s)] = s
+    return out
+
+
+@settings(max_examples=120)
+@given(pairs=st.lists(_pair(), min_size=N_EXAMPLE, max_size=N_EXAMPLE), seed=st.integers(0, 99))
+def test_kernels_match_rapidfuzz(pairs, seed):
+    rng = np.random.default_rng(seed)
+    pairs = pairs * TILE
+    a = _padded([p[0] for p in pairs], rng)
+    b = _padded([p[1] for p in pairs], rng)
+    la = np.array([len(p[0]) for p in pairs], np.int32)
+    lb = np.array([len(p[1]) for p in pairs], np.int32)
+    lcs, fe = map(np.asarray, _lcs(a, b, la, lb))
+    lev = np.asarray(_lev(a, b, la, lb))
+    for got, want in zip(_lcs_stripes(a, b, la, lb), (lcs, fe)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(_lev_stripes(a, b, la, lb), lev)
+    for i, (x, y) in enumerate(pairs):
+        assert lcs[i] == LCSseq.similarity(x, y), (i, len(x), len(y))
+        assert lev[i] == Levenshtein.distance(x, y), (i, len(x), len(y))
+        assert fe[i] == first_error_ref(x, y), (i, len(x), len(y))
+
+
+def test_kernels_on_long_pairs_many_stripes():
+    """64 pairs of ~1500 units: 49 words in 5 stripes, in 2 chunks of 32 pairs."""
+    rng = np.random.default_rng(0)
+    n, length = 64, 1500
+    a = rng.integers(0, 30, size=(n, length)).astype(np.int32)
+    b = np.where(rng.random((n, length)) < 0.7, a, rng.integers(0, 30, size=(n, length)))
+    b = b.astype(np.int32)
+    la = rng.integers(length - 100, length + 1, n).astype(np.int32)
+    lb = rng.integers(0, length + 1, n).astype(np.int32)
+    lb[:4] = [0, 1, 31, 62]
+    lcs, fe = map(np.asarray, _lcs(a, b, la, lb))
+    lev = np.asarray(_lev(a, b, la, lb))
+    for i in range(n):
+        x, y = list(a[i, : la[i]]), list(b[i, : lb[i]])
+        assert lcs[i] == LCSseq.similarity(x, y)
+        assert lev[i] == Levenshtein.distance(x, y)
+        assert fe[i] == first_error_ref(x, y)
+    # a small batch takes the other stripe shape (32 words per stripe instead of 8)
+    small = [x[:4] for x in (a, b, la, lb)]
+    np.testing.assert_array_equal(jax.jit(jax.vmap(C.lcs_first_error))(*small)[0], lcs[:4])
+    np.testing.assert_array_equal(jax.jit(jax.vmap(C.edit_distance))(*small), lev[:4])
+
+
+def test_pair_functions_unbatched_and_nested_vmap():
+    a = jnp.array([1, 2, 3, 4, 7, 7], jnp.int32)
+    b = jnp.array([1, 3, 2, 4, 9], jnp.int32)
+    # a[:4] = 1 2 3 4 vs b[:4] = 1 3 2 4: LCS 3 (1 2 4 / 1 3 4); "1 2" is a subsequence, "1 2 3"
+    # is not -> first error 2; two substitutions -> Levenshtein 2
+    lcs, f = _lcs1(a, b, 4, 4)
+    assert (int(lcs), int(f)) == (3, 2)
+    assert int(_lev1(a, b, 4, 4)) == 2
+    assert int(_lev1(a, b, 0, 3)) == 3 and int(_lev1(a, b, 5, 0)) == 5
+    assert tuple(map(int, _lcs1(a, b, 0, 5))) == (0, 0)
+    assert tuple(map(int, _lcs1(a, b, 99, -3))) == (0, 0)  # lengths are clipped to [0, L]
+    # nested vmap with an unbatched argument folds into one kernel call and agrees
+    aa = jnp.stack([a, a[::-1]])[None].repeat(3, 0)  # [3, 2, 6]
+    lens = jnp.array([[4, 6], [2, 0], [6, 6]], jnp.int32)
+    axes = (0, None, 0, None)
+    got = jax.jit(jax.vmap(jax.vmap(C.edit_distance, axes), axes))(aa, b, lens, 5)
+    want = [[Levenshtein.distance(list(map(int, aa[i, j, : lens[i, j]])), list(map(int, b)))
+             for j in range(2)] for i in range(3)]
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_bad_pair_input_raises():
+    with pytest.raises(ValueError, match="a \\[La\\]"):
+        C.lcs_first_error(jnp.zeros((2, 3), jnp.int32), jnp.zeros(3, jnp.int32), 1, 1)
+    with pytest.raises(ValueError, match="integer"):
+        C.edit_distance(jnp.zeros(3), jnp.zeros(3), 1, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# φ and Δ
+
+
+def _phi(op):
+    return jax.jit(lambda u, n, c: C.compute_phi(u, n, c, operator=op))
+
+
+_PHI = {op: _phi(op) for op in ("terminal", "lcs", "lcs_first_error", "edit_distance")}
+
+# a hand-built group of 5 responses (unit ids), response 0 and 3 correct
+_UNITS = np.array([[1, 2, 3, 4, 0],
+                   [1, 2, 9, 4, 0],
+                   [5, 1, 2, 3, 4],
+                   [1, 2, 8, 4, 7],
+                   [9, 9, 9, 0, 0]], np.int32)
+_N = np.array([4, 4, 5, 5, 0], np.int32)
+_CORRECT = np.array([True, False, False, True, False])
+
+
+def test_phi_hand_built_group():
+    # wrong 1 = [1 2 9 4] vs correct 0 = [1 2 3 4]: LCS 3, f 2, Lev 1 (max len 4)
+    #                     vs correct 3 = [1 2 8 4 7]: LCS 3, f 2, Lev 2 (max len 5)
+    # wrong 2 = [5 1 2 3 4] vs 0: LCS 4, f 0, Lev 1 (/5); vs 3: LCS 3, f 0, Lev 3 (/5)
+    # wrong 4 is empty: phi 0
+    lcs = _PHI["lcs"](_UNITS, _N, _CORRECT)
+    np.testing.assert_allclose(lcs.phi, [0, 3 / 4, 4 / 5, 0, 0], rtol=1e-6)
+    np.testing.assert_array_equal(lcs.best_match, [-1, 0, 0, -1, -1])  # tie on 1 -> lowest j
+    fe = _PHI["lcs_first_error"](_UNITS, _N, _CORRECT)
+    np.testing.assert_allclose(fe.phi, [0, 2 / 4, 0, 0, 0])
+    np.testing.assert_array_equal(fe.first_error, [4, 2, 0, 5, 0])
+    np.testing.assert_array_equal(fe.delta[1], [1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(fe.delta[2], 0)
+    ed = _PHI["edit_distance"](_UNITS, _N, _CORRECT)
+    np.testing.assert_allclose(ed.phi, [0, 1 - 1 / 4, 1 - 1 / 5, 0, 0], rtol=1e-6)
+    np.testing.assert_array_equal(ed.best_match, [-1, 0, 0, -1, -1])
+    term = _PHI["terminal"](_UNITS, _N, _CORRECT)
+    np.testing.assert_array_equal(term.phi, 0)
+    np.testing.assert_array_equal(term.delta, 0)
+
+
+@pytest.mark.parametrize("op", sorted(_PHI))
+def test_phi_degenerate_groups(op):
+    fn = _PHI[op]
+    for correct in (np.ones(5, bool), np.zeros(5, bool)):  # all correct / no correct response
+        out = fn(_UNITS, _N, correct)
+        np.testing.assert_array_equal(out.phi, 0)
+        np.testing.assert_array_equal(out.delta, 0)
+        np.testing.assert_array_equal(out.best_match, -1)
+        assert np.isfinite(out.phi).all()
+    out = fn(_UNITS, _N, np.zeros(5, bool))
+    np.testing.assert_array_equal(out.first_error, 0)
+    out = fn(_UNITS, _N, np.ones(5, bool))
+    np.testing.assert_array_equal(out.first_error, _N)  # correct i reports n_i
+    # every response empty
+    out = fn(np.zeros((3, 4), np.int32), np.zeros(3, np.int32), np.array([True, False, False]))
+    np.testing.assert_array_equal(out.phi, 0)
+    assert np.isfinite(np.asarray(out.delta)).all()
+
+
+def test_phi_ties_pick_lowest_correct_index():
+    units = np.array([[1, 2, 0], [3, 4, 0], [1, 3, 0]], np.int32)
+    n = np.array([2, 2, 2], np.int32)
+    correct = np.array([True, True, False])  # wrong [1 3] shares one unit with each correct one
+    for op in ("lcs", "edit_distance"):
+        out = _PHI[op](units, n, correct)
+        assert int(out.best_match[2]) == 0
+    # lcs_first_error: f = 1 against 0 ([1]) and 0 against 1 -> j* = 0 either way
+    assert int(_PHI["lcs_first_error"](units, n, correct).best_match[2]) == 0
+    units[1] = [1, 4, 0]  # now f = 1 against both: tie, lowest j wins
+    assert int(_PHI["lcs_first_error"](units, n, correct).best_match[2]) == 0
+
+
+def _phi_reference(units, n, correct, op):
+    """(φ, j*) from rapidfuzz / the greedy reference, straight from the DESIGN §2 table."""
+    g = len(n)
+    phi = np.zeros(g)
+    best = np.full(g, -1)
+    for i in range(g):
+        if correct[i] or not correct.any() or n[i] == 0:
+            continue
+        x = list(units[i, : n[i]])
+        scores = []
+        for j in np.nonzero(correct)[0]:
+            y = list(units[j, : n[j]])
+            if op == "lcs":
+                scores.append(LCSseq.similarity(x, y) / n[i])
+            elif op == "lcs_first_error":
+                scores.append(first_error_ref(x, y) / n[i])
+            else:
+                scores.append(1 - Levenshtein.distance(x, y) / max(n[i], n[j]))
+        phi[i] = max(scores)
+        best[i] = np.nonzero(correct)[0][int(np.argmax(scores))]  # first max = lowest j
+    return phi, best
+
+
+@pytest.mark.parametrize("op", ["lcs", "lcs_first_error", "edit_distance"])
+def test_phi_batch_matches_reference_and_single_group_calls(op):
+    rng = np.random.default_rng(1)
+    b, g, u = 6, 8, 40
+    units = rng.integers(0, 4, size=(b, g, u)).astype(np.int32)
+    n = rng.integers(0, u + 1, size=(b, g)).astype(np.int32)
+    correct = rng.random((b, g)) < 0.4
+    correct[0] = False  # a group without any correct response
+    batched = jax.jit(jax.vmap(lambda x, m, c: C.compute_phi(x, m, c, operator=op)))(
+        units, n, correct)
+    for k in range(b):
+        single = _PHI[op](units[k], n[k], correct[k])
+        for field in C.Phi._fields:
+            np.testing.assert_array_equal(getattr(batched, field)[k], getattr(single, field))
+        phi_ref, best_ref = _phi_reference(units[k], n[k], correct[k], op)
+        np.testing.assert_allclose(batched.phi[k], phi_ref, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(batched.best_match[k], best_ref)
+        # Δ is zero past n_i and its mean over the n_i units is φ_i
+        delta = np.asarray(batched.delta[k])
+        slots = np.arange(u)[None, :]
+        assert (delta[slots >= n[k][:, None]] == 0).all()
+        mean = delta.sum(1) / np.maximum(n[k], 1)
+        np.testing.assert_allclose(mean, batched.phi[k], rtol=1e-5, atol=1e-6)
+
+
+def test_phi_on_groups_sharded_over_devices():
+    """A batch of groups sharded over the (8 fake CPU) devices gives the unsharded result."""
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    rng = np.random.default_rng(2)
+    b = 2 * len(jax.devices())
+    units = rng.integers(0, 3, size=(b, 4, 12)).astype(np.int32)
+    n = rng.integers(0, 13, size=(b, 4)).astype(np.int32)
+    correct = rng.random((b, 4)) < 0.5
+    fn = jax.jit(jax.vmap(lambda x, m, c: C.compute_phi(x, m, c, operator="lcs_first_error")))
+    want = fn(units, n, correct)
+    got = fn(*(jax.device_put(x, shard) for x in (units, n, correct)))
+    for field in C.Phi._fields:
+        np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+
+
+def test_operator_registry_and_bad_group_input():
+    assert {"terminal", "edit_distance", "lcs", "lcs_first_error"} <= set(OPERATORS.names())
+    with pytest.raises(UnknownNameError, match="lcs_first_error"):
+        C.compute_phi(_UNITS, _N, _CORRECT, operator="lcs_frist_error")
+    with pytest.raises(ValueError, match="one group"):
+        C.compute_phi(_UNITS[None], _N[None], _CORRECT[None])
+    with pytest.raises(ValueError, match="n_units and correct"):
+        C.compute_phi(_UNITS, _N[:3], _CORRECT)
+
+
+# ---------------------------------------------------------------------------------------------
+# Units
+
+D = 10  # the delimiter token of the tests (e.g. "\n")
+IS_DELIM = np.zeros(16, bool)
+IS_DELIM[[D, 11]] = True  # two delimiter ids
+_split = jax.jit(C.split_steps, static_argnames="max_units")
+_index = jax.jit(C.token_unit_index, static_argnames="max_units")
+
+
+def test_split_steps_structure():
+    #              step0   |d| step1 |d  d| step2|  d | garbage past length
+    toks = np.array([5, 6, D, 7, 11, D, 5, 6, D, 3, 3, 3], np.int32)
+    units, n = _split(toks, 9, IS_DELIM)
+    assert int(n) == 3 and units.shape == (12,)
+    assert units[0] == units[2] and units[0] != units[1]  # "5 6" twice, at different offsets
+    np.testing.assert_array_equal(units[3:], 0)
+    np.testing.assert_array_equal(_index(toks, 9, IS_DELIM),
+                                  [0, 0, 0, 1, 1, 1, 2, 2, 2, -1, -1, -1])
+    # garbage after length and the padding values do not matter
+    other = toks.copy()
+    other[9:] = [D, 4, 4]
+    np.testing.assert_array_equal(_split(other, 9, IS_DELIM)[0], units)
+    # leading delimiters belong to no step; a trailing run closes the last step
+    lead = np.array([D, D, 5, 6, D, D, 0, 0], np.int32)
+    u2, n2 = _split(lead, 6, IS_DELIM)
+    assert int(n2) == 1 and u2[0] == units[0]
+    np.testing.assert_array_equal(_index(lead, 6, IS_DELIM), [-1, -1, 0, 0, 0, 0, -1, -1])
+
+
+def test_split_steps_edge_cases():
+    toks = np.array([1, D, 2, D, 3, D, 4], np.int32)
+    units, n = _split(toks, 0, IS_DELIM)  # length 0
+    assert int(n) == 0 and not np.asarray(units).any()
+    np.testing.assert_array_equal(_index(toks, 0, IS_DELIM), -1)
+    units, n = _split(np.full(5, D, np.int32), 5, IS_DELIM)  # delimiters only
+    assert int(n) == 0
+    # max_units truncation drops later steps and their tokens
+    units, n = _split(toks, 7, IS_DELIM, max_units=2)
+    full, n_full = _split(toks, 7, IS_DELIM)
+    assert units.shape == (2,) and int(n) == 2 and int(n_full) == 4
+    np.testing.assert_array_equal(units, full[:2])
+    np.testing.assert_array_equal(_index(toks, 7, IS_DELIM, max_units=2), [0, 0, 1, 1, -1, -1, -1])
+    with pytest.raises(ValueError, match="max_units"):
+        C.split_steps(toks, 7, IS_DELIM, max_units=0)
+
+
+def test_step_hash_distinguishes_steps():
+    steps = [[5], [6], [5, 6], [6, 5], [5, 5], [5, 6, 6], [5, 6, 5], [0], [15], [12, 13, 14]]
+    toks = []
+    for s in steps:
+        toks += s + [D]
+    units, n = _split(np.array(toks, np.int32), len(toks), IS_DELIM)
+    assert int(n) == len(steps)
+    assert len(set(np.asarray(units[: len(steps)]).tolist())) == len(steps)
+
+
+def test_units_batched_and_units_to_tokens():
+    toks = np.array([[5, D, 6, 7, D, 0], [D, 6, 7, D, 5, 5]], np.int32)
+    lens = np.array([5, 6], np.int32)
+    split = jax.jit(jax.vmap(lambda t, m: C.split_steps(t, m, IS_DELIM, max_units=3)))
+    units, n = split(toks, lens)
+    np.testing.assert_array_equal(n, [2, 2])
+    assert units[0, 1] == units[1, 0]  # "6 7" in both responses
+    idx = jax.jit(jax.vmap(lambda t, m: C.token_unit_index(t, m, IS_DELIM, max_units=3)))(
+        toks, lens)
+    np.testing.assert_array_equal(idx, [[0, 0, 1, 1, 1, -1], [-1, 0, 0, 0, 1, 1]])
+    delta = np.array([[0.5, 0.25, 9.0], [1.0, 2.0, 9.0]], np.float32)
+    per_token = jax.jit(C.units_to_tokens)(delta, idx)
+    np.testing.assert_array_equal(per_token, [[0.5, 0.5, 0.25, 0.25, 0.25, 0.0],
+                                              [0.0, 1.0, 1.0, 1.0, 2.0, 2.0]])
+    tu, tn = jax.jit(jax.vmap(C.token_units))(toks, lens)
+    np.testing.assert_array_equal(tu, [[5, D, 6, 7, D, 0], [D, 6, 7, D, 5, 5]])
+    np.testing.assert_array_equal(tn, lens)
+
+
+def test_token_granularity_end_to_end():
+    """Token units through compute_phi: wrong [1 2 3 9] vs correct [1 2 3 4]: f = 3 of 4."""
+    toks = np.array([[1, 2, 3, 4, 0], [1, 2, 3, 9, 8]], np.int32)
+    units, n = jax.vmap(C.token_units)(toks, np.array([4, 4]))
+    out = _PHI["lcs_first_error"](units, n, np.array([True, False]))
+    np.testing.assert_allclose(out.phi, [0, 0.75])
+    np.testing.assert_array_equal(out.delta[1], [1, 1, 1, 0, 0])
