@@ -21,6 +21,7 @@ setup(
         "tensorflow-datasets>=4.9.7,<5",
         "array-record>=0.7,<1",
         "numpy>=1.26,<3",
+        "ml_dtypes>=0.4",  # bfloat16 in numpy (safetensors io)
         "math-verify>=0.7,<1",
         "tensorboardX>=2.6,<3",
         "tqdm>=4.66,<5",

@@ -1,0 +1,204 @@
+"""Qwen3 in ibpo_jax vs HF transformers (torch), same random weights, same CPU, one process.
+
+For each model size it prints one JSON line with
+- train step (forward + backward + AdamW, batch 16 x 128, next-token cross-entropy) tokens/s of
+  both, ours / HF, and both model-FLOPs utilisations against a float32 2048^3 matmul measured in
+  the same run (jax and torch each against their own matmul and against the faster of the two);
+- sampling with KV cache (64 prompts of 32 tokens, 64 new tokens, every row runs full length,
+  temperature 1, no top-k/top-p) generated tokens/s of both, ours / HF;
+- compile times of our jitted train step and sampler (prefill + decode), measured separately;
+- the max |logits difference| between the two models on the benchmark batch (sanity).
+
+Timings alternate HF and ours trial by trial and keep the best trial of each (the machine may
+be shared). Model FLOPs per trained token: 6 * (matmul weights incl. unembedding) +
+6 * L * T * N * H (causal attention scores and values, forward + backward).
+
+    python experiments/benchmarks/bench_model.py [--sizes tiny,larger] [--trials 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import torch
+import transformers
+
+from ibpo_jax import models, sampling
+
+SIZES = {
+    # vocab 64, hidden 256, 4 layers, 8 heads, 4 kv heads, head_dim 32; MLP 3x hidden
+    "tiny": dict(vocab_size=64, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                 num_attention_heads=8, num_key_value_heads=4, head_dim=32),
+    # vocab 4096, hidden 512, 8 layers; 8 heads, 4 kv heads, head_dim 64, MLP 3x hidden
+    "larger": dict(vocab_size=4096, hidden_size=512, intermediate_size=1536,
+                   num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                   head_dim=64),
+}
+TRAIN_B, TRAIN_T = 16, 128
+SAMPLE_B, SAMPLE_P, SAMPLE_N = 64, 32, 64
+LR = 1e-4
+
+
+def best_time(fn, trials: int, inner: int) -> float:
+    best = float("inf")
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
+
+
+def matmul_gflops(n: int = 2048) -> dict[str, float]:
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    ja = jnp.asarray(a)
+    mm = jax.jit(lambda x: x @ x)
+    mm(ja).block_until_ready()
+    ta = torch.from_numpy(a)
+    torch.matmul(ta, ta)
+    t_jax = best_time(lambda: mm(ja).block_until_ready(), 5, 5)
+    t_torch = best_time(lambda: torch.matmul(ta, ta), 5, 5)
+    return {"jax": 2 * n**3 / t_jax / 1e9, "torch": 2 * n**3 / t_torch / 1e9}
+
+
+def train_flops_per_token(cfg: dict) -> float:
+    d, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    n, k, h, L = (cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"],
+                  cfg["num_hidden_layers"])
+    matmul_params = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v
+    return 6 * matmul_params + 6 * L * TRAIN_T * n * h
+
+
+def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
+    cfg = SIZES[name]
+    torch.manual_seed(0)
+    hf_cfg = transformers.Qwen3Config(**cfg, rope_theta=1e6, tie_word_embeddings=False,
+                                      max_position_embeddings=512)
+    hf = transformers.Qwen3ForCausalLM(hf_cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp)
+        m = models.load_hf(tmp)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg["vocab_size"], (TRAIN_B, TRAIN_T))
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(tokens)).logits.numpy()
+    logits_diff = float(np.abs(np.asarray(m(tokens)) - ref).max())
+
+    # ---- train step
+    hf.train()
+    opt_t = torch.optim.AdamW(hf.parameters(), lr=LR)
+    t_tokens = torch.from_numpy(tokens)
+
+    def hf_step():
+        loss = hf(t_tokens, labels=t_tokens).loss
+        loss.backward()
+        opt_t.step()
+        opt_t.zero_grad(set_to_none=True)
+
+    hf_step()
+    opt = optax.adamw(LR, weight_decay=0.01)
+
+    def loss_fn(params, toks):
+        lp = models.token_logprobs(m.config, m.options, params, toks).logprobs
+        return -jnp.sum(lp[:, 1:]) / (toks.shape[0] * (toks.shape[1] - 1))
+
+    def step(params, opt_state, toks):
+        loss, grads = jax.value_and_grad(loss_fn)(params, toks)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    j_tokens = jnp.asarray(tokens, jnp.int32)
+    params0 = jax.tree.map(jnp.copy, m.params)  # the step donates its params
+    state = {"params": params0, "opt": opt.init(params0)}
+    t0 = time.perf_counter()
+    step_c = jax.jit(step, donate_argnums=(0, 1)).lower(state["params"], state["opt"],
+                                                        j_tokens).compile()
+    train_compile = time.perf_counter() - t0
+
+    def jax_step():
+        state["params"], state["opt"], loss = step_c(state["params"], state["opt"], j_tokens)
+        loss.block_until_ready()
+
+    jax_step()
+    t_hf = t_jax = float("inf")
+    for _ in range(trials):
+        t_hf = min(t_hf, best_time(hf_step, 1, 3))
+        t_jax = min(t_jax, best_time(jax_step, 1, 3))
+    train_tokens = TRAIN_B * TRAIN_T
+    flops = train_flops_per_token(cfg) * train_tokens
+    best_peak = max(peak.values())
+
+    # ---- sampling
+    hf.eval()
+    prompts = rng.integers(0, cfg["vocab_size"], (SAMPLE_B, SAMPLE_P))
+    lens = np.full((SAMPLE_B,), SAMPLE_P)
+    t_prompts = torch.from_numpy(prompts)
+
+    def hf_generate():
+        with torch.no_grad():
+            out = hf.generate(t_prompts, attention_mask=torch.ones_like(t_prompts),
+                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                              max_new_tokens=SAMPLE_N, min_new_tokens=SAMPLE_N,
+                              eos_token_id=None, pad_token_id=0)
+        assert out.shape == (SAMPLE_B, SAMPLE_P + SAMPLE_N)
+
+    hf_generate()
+    fn = sampling.generate_fn(m.config, m.options, max_new_tokens=SAMPLE_N, temperature=1.0)
+    j_prompts, j_lens = jnp.asarray(prompts, jnp.int32), jnp.asarray(lens, jnp.int32)
+    key = jax.random.key(0)
+    t0 = time.perf_counter()
+    pre_c = fn.prefill.lower(m.params, j_prompts, j_lens, key).compile()
+    st0 = fn.prefill(m.params, j_prompts, j_lens, key)
+    dec_c = fn.decode.lower(m.params, st0).compile()
+    sample_compile = time.perf_counter() - t0
+
+    def jax_generate():
+        final = dec_c(m.params, pre_c(m.params, j_prompts, j_lens, key))
+        final.tokens.block_until_ready()
+        assert int(final.lengths.min()) == SAMPLE_N
+
+    jax_generate()
+    s_hf = s_jax = float("inf")
+    for _ in range(trials):
+        s_hf = min(s_hf, best_time(hf_generate, 1, 1))
+        s_jax = min(s_jax, best_time(jax_generate, 1, 2))
+    gen_tokens = SAMPLE_B * SAMPLE_N
+    return {
+        "size": name, **cfg,
+        "logits_max_abs_diff": logits_diff,
+        "train_tok_s_hf": train_tokens / t_hf, "train_tok_s_ours": train_tokens / t_jax,
+        "train_ratio": t_hf / t_jax,
+        "train_mfu_ours": flops / t_jax / 1e9 / peak["jax"],
+        "train_mfu_hf": flops / t_hf / 1e9 / peak["torch"],
+        "train_mfu_ours_vs_best_matmul": flops / t_jax / 1e9 / best_peak,
+        "train_mfu_hf_vs_best_matmul": flops / t_hf / 1e9 / best_peak,
+        "sample_tok_s_hf": gen_tokens / s_hf, "sample_tok_s_ours": gen_tokens / s_jax,
+        "sample_ratio": s_hf / s_jax,
+        "compile_s_train_step": train_compile, "compile_s_sampler": sample_compile,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="tiny,larger")
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args()
+    peak = matmul_gflops()
+    env = {"jax": jax.__version__, "torch": torch.__version__,
+           "transformers": transformers.__version__, "cpus": os.cpu_count(),
+           "torch_threads": torch.get_num_threads(), "matmul_gflops_2048": peak,
+           "loadavg_1m_at_start": os.getloadavg()[0]}  # > ~0.5 on 2 cores: shared, noisy
+    for name in args.sizes.split(","):
+        print(json.dumps({**env, **bench_size(name, args.trials, peak)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

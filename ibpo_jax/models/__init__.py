@@ -1,0 +1,29 @@
+"""Qwen3 dense models: config and presets, flax modules, HF checkpoint io.
+
+    m = ibpo_jax.models.load_hf(path, dtype=jnp.bfloat16, mesh=mesh)
+    logits = m(tokens, attention_mask=mask)          # [B, T, V] float32
+    ibpo_jax.models.save_hf(m, out_dir)              # loads back in transformers
+
+Inside jitted training code use the functional forms `forward` / `token_logprobs` with params as
+arguments.
+"""
+
+from ibpo_jax.models.config import QWEN3_PRESETS, ConfigError, ModelOptions, Qwen3Config
+from ibpo_jax.models.hf_io import load_hf, save_hf
+from ibpo_jax.models.lm import (
+    Qwen3LM,
+    TokenLogprobs,
+    abstract_params,
+    forward,
+    init,
+    make_options,
+    place_params,
+    token_logprobs,
+)
+from ibpo_jax.models.safetensors_io import CheckpointError
+
+__all__ = [
+    "QWEN3_PRESETS", "CheckpointError", "ConfigError", "ModelOptions", "Qwen3Config",
+    "Qwen3LM", "TokenLogprobs", "abstract_params", "forward", "init", "load_hf",
+    "make_options", "place_params", "save_hf", "token_logprobs",
+]

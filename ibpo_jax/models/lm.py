@@ -1,0 +1,218 @@
+"""Functional entry points of the Qwen3 model and the `Qwen3LM` convenience object.
+
+The trainer calls `forward` / `token_logprobs` inside its own jitted step with `params` as an
+argument (config and options are static), so one compilation serves every step. `Qwen3LM`
+bundles (config, options, params, mesh) for interactive use; it is a pytree whose only leaves
+are the params, so it can itself be passed through `jax.jit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax import sharding
+from ibpo_jax.models.config import ModelOptions, Qwen3Config
+from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
+
+Array = jax.Array
+
+
+def _check_tokens(tokens: Any, attention_mask: Any) -> Array:
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+        raise ValueError(f"tokens must be an int [B, T] array, got {tokens.dtype}{tokens.shape}")
+    if attention_mask is None:
+        return jnp.ones(tokens.shape, dtype=bool)
+    if attention_mask.shape != tokens.shape:
+        raise ValueError(f"attention_mask shape {attention_mask.shape} != tokens shape "
+                         f"{tokens.shape}")
+    return attention_mask.astype(bool)
+
+
+def forward(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Array,
+            attention_mask: Array | None = None, *, return_values: bool = False,
+            layout: sharding.ShardingSpec = sharding.TRAINING) -> Array | tuple[Array, Array]:
+    """Logits of every position.
+
+    tokens: [B, T] int; attention_mask: [B, T] (1 = real token, 0 = padding, left or right);
+    positions are counted over real tokens only (left-padded prompts work as in HF `generate`).
+    Returns logits [B, T, V] float32, and values [B, T] float32 with `return_values` (needs
+    `options.value_head`). Outputs at padding positions are finite but meaningless; token ids
+    outside [0, V) are clamped.
+    """
+    mask = _check_tokens(tokens, attention_mask)
+    model = Qwen3(config, options, layout)
+    variables = {"params": params}
+    hidden, _ = model.apply(variables, tokens, positions_from_mask(mask), mask,
+                            method=Qwen3.encode)
+    logits = model.apply(variables, hidden, method=Qwen3.logits)
+    if not return_values:
+        return logits
+    if not options.value_head:
+        raise ValueError("return_values=True needs ModelOptions(value_head=True)")
+    return logits, model.apply(variables, hidden, method=Qwen3.values)
+
+
+class TokenLogprobs(NamedTuple):
+    """Per-token statistics aligned with `tokens`: entry [b, t] is about predicting
+    tokens[b, t] from tokens[b, :t]. Entries are 0 where nothing real predicts a real token:
+    column 0, padding, and the first real token of a left-padded row."""
+
+    logprobs: Array  # [B, T] float32
+    entropy: Array | None  # [B, T] float32, entropy of the predictive distribution at t
+    values: Array | None  # [B, T] float32, value head on tokens[b, :t+1]
+
+
+def _stats(logits: Array, targets: Array, with_entropy: bool) -> tuple[Array, Array | None]:
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    lp = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0] - lse
+    if not with_entropy:
+        return lp, None
+    probs = jnp.exp(logits - lse[..., None])
+    return lp, lse - jnp.sum(probs * logits, axis=-1)
+
+
+def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Array,
+                   attention_mask: Array | None = None, *, temperature: float = 1.0,
+                   return_entropy: bool = False, return_values: bool = False,
+                   logits_chunk: int = 0,
+                   layout: sharding.ShardingSpec = sharding.TRAINING) -> TokenLogprobs:
+    """log softmax(logits / temperature) of each next token, in float32.
+
+    tokens, attention_mask: [B, T]. `logits_chunk` > 0 computes the unembedding and
+    log-softmax over chunks of that many positions, each rematerialized in the backward pass,
+    so the [B, T, V] float32 logits never exist whole (large vocabularies); 0 = in one go.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    mask = _check_tokens(tokens, attention_mask)
+    model = Qwen3(config, options, layout)
+    variables = {"params": params}
+    hidden, _ = model.apply(variables, tokens, positions_from_mask(mask), mask,
+                            method=Qwen3.encode)
+    h, targets = hidden[:, :-1], tokens[:, 1:]
+
+    def chunk_stats(h_c, t_c):
+        logits = model.apply(variables, h_c, method=Qwen3.logits) / temperature
+        return _stats(logits, t_c, return_entropy)
+
+    b, t = targets.shape
+    if logits_chunk <= 0 or logits_chunk >= t:
+        lp, ent = chunk_stats(h, targets)
+    else:
+        n = -(-t // logits_chunk)
+        pad = n * logits_chunk - t
+        h_c = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(b, n, logits_chunk, -1)
+        t_c = jnp.pad(targets, ((0, 0), (0, pad))).reshape(b, n, logits_chunk)
+        out = jax.lax.map(jax.checkpoint(lambda a: chunk_stats(*a)),
+                          (h_c.swapaxes(0, 1), t_c.swapaxes(0, 1)))
+        lp, ent = jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t],
+                               out)
+    valid = mask[:, 1:] & mask[:, :-1]  # a real target predicted from a real position
+    pad_col = jnp.zeros((b, 1), jnp.float32)
+    lp = jnp.concatenate([pad_col, jnp.where(valid, lp, 0.0)], axis=1)
+    if ent is not None:
+        ent = jnp.concatenate([pad_col, jnp.where(valid, ent, 0.0)], axis=1)
+    values = None
+    if return_values:
+        if not options.value_head:
+            raise ValueError("return_values=True needs ModelOptions(value_head=True)")
+        values = model.apply(variables, hidden, method=Qwen3.values)
+    return TokenLogprobs(lp, ent, values)
+
+
+def make_options(dtype: Any = jnp.float32, **options: Any) -> ModelOptions:
+    """ModelOptions with `dtype` for compute and (unless given) for params."""
+    options.setdefault("param_dtype", dtype)
+    return ModelOptions(dtype=dtype, **options)
+
+
+def abstract_params(config: Qwen3Config, options: ModelOptions) -> Any:
+    """The params pytree as `jax.ShapeDtypeStruct`s, nothing allocated."""
+    model = Qwen3(config, options)
+    return jax.eval_shape(
+        lambda rng: model.init(rng, jnp.zeros((1, 1), jnp.int32), method=Qwen3.init_all)["params"],
+        jax.random.key(0))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Qwen3LM:
+    """A model with its weights: `m(tokens, attention_mask=mask)` -> float32 logits [B, T, V].
+
+    `mesh`/`layout` say where params live; calls run under `jax.set_mesh(mesh)` with the batch
+    split over ("data", "fsdp") when it divides.
+    """
+
+    config: Qwen3Config = dataclasses.field(metadata=dict(static=True))
+    options: ModelOptions = dataclasses.field(metadata=dict(static=True))
+    params: Any
+    mesh: Mesh | None = dataclasses.field(default=None, metadata=dict(static=True))
+    layout: sharding.ShardingSpec = dataclasses.field(default=sharding.TRAINING,
+                                                      metadata=dict(static=True))
+
+    def mesh_context(self) -> contextlib.AbstractContextManager:
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def place_batch(self, x: Any) -> Array:
+        """Puts a [B, ...] host array on this model's mesh (batch-split when it divides)."""
+        x = jnp.asarray(x) if self.mesh is None else np.asarray(x)
+        if self.mesh is None:
+            return x
+        n = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        spec = P(sharding.BATCH) if x.shape[0] % n == 0 else P()
+        return jax.device_put(x, NamedSharding(self.mesh, spec))
+
+    def __call__(self, tokens: Any, attention_mask: Any = None) -> Array:
+        tokens = self.place_batch(tokens)
+        mask = None if attention_mask is None else self.place_batch(attention_mask)
+        with self.mesh_context():
+            return _forward_jit(self.config, self.options, self.params, tokens, mask,
+                                layout=self.layout)
+
+    def values(self, tokens: Any, attention_mask: Any = None) -> Array:
+        """Value head output [B, T] float32."""
+        tokens = self.place_batch(tokens)
+        mask = None if attention_mask is None else self.place_batch(attention_mask)
+        with self.mesh_context():
+            return _forward_jit(self.config, self.options, self.params, tokens, mask,
+                                return_values=True, layout=self.layout)[1]
+
+
+_forward_jit = jax.jit(forward, static_argnums=(0, 1), static_argnames=("return_values", "layout"))
+
+
+def place_params(params: Any, mesh: Mesh | None,
+                 layout: sharding.ShardingSpec = sharding.TRAINING) -> Any:
+    """Reshards a params pytree onto `mesh` as `layout` declares (no-op without a mesh)."""
+    if mesh is None:
+        return params
+    return jax.device_put(params, sharding.param_shardings(params, mesh, layout))
+
+
+def init(config: Qwen3Config, rng: Array, *, dtype: Any = jnp.float32, mesh: Mesh | None = None,
+         layout: sharding.ShardingSpec = sharding.TRAINING, **options: Any) -> Qwen3LM:
+    """A randomly initialized model (normal(initializer_range) weights, unit norm scales).
+
+    `dtype` is the compute and parameter dtype; `options` are the other `ModelOptions` fields
+    (param_dtype, remat, scan_layers, value_head). With a mesh, every parameter is created
+    directly on its shards.
+    """
+    opts = make_options(dtype, **options)
+    model = Qwen3(config, opts, layout)
+
+    def init_fn(key):
+        return model.init(key, jnp.zeros((1, 1), jnp.int32), method=Qwen3.init_all)["params"]
+
+    out_shardings = None
+    if mesh is not None:
+        out_shardings = sharding.param_shardings(jax.eval_shape(init_fn, rng), mesh, layout)
+    params = jax.jit(init_fn, out_shardings=out_shardings)(rng)
+    return Qwen3LM(config, opts, params, mesh, layout)

@@ -1,0 +1,210 @@
+"""Device meshes and the sharding layout of Qwen3 weights and activations ("pjit").
+
+Mesh axes: `data` (pure data parallel, weights replicated), `fsdp` (data parallel with weights
+sharded, all-gathered per layer by GSPMD), `tensor` (Megatron-style: heads, MLP hidden and vocab
+split). A batch is always split over ("data", "fsdp").
+
+`ShardingSpec` is the one object that says where everything goes; each field name spells the
+axes of its array (d hidden, n query heads, k key/value heads, g query heads per key/value
+head, h head_dim, f MLP hidden, v vocab, b batch, t positions, s cache slots). `TRAINING` shards
+weights over fsdp x tensor; `SAMPLING` keeps weights whole on each fsdp/data replica (no
+per-token all-gathers while decoding) and splits them only over tensor.
+
+Activation constraints (`constrain`) apply only while a mesh is set with `jax.set_mesh(mesh)`
+around the jitted call (what `Qwen3LM` and the sampler do); outside a mesh they are no-ops, so
+the model runs unchanged on one device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingSpec:
+    """PartitionSpecs of every Qwen3 weight (layer-stacked weights get a leading None) and of
+    the activations the model constrains."""
+
+    embed_vd: P
+    q_dnh: P
+    kv_dkh: P
+    o_nhd: P
+    mlp_in_df: P  # gate_proj and up_proj
+    mlp_out_fd: P
+    unembed_dv: P
+    vector: P  # norm scales, value head: small, replicated
+    act_btd: P
+    act_bkgth: P
+    act_bkth: P
+    act_btf: P
+    logits_btv: P
+    cache_bkhs: P  # decode cache keys (stored transposed)
+    cache_bksh: P  # decode cache values
+
+
+_ACTIVATIONS = dict(
+    act_btd=P(BATCH, None, None),
+    act_bkgth=P(BATCH, "tensor", None, None, None),
+    act_bkth=P(BATCH, "tensor", None, None),
+    act_btf=P(BATCH, None, "tensor"),
+    logits_btv=P(BATCH, None, "tensor"),
+    cache_bkhs=P(BATCH, "tensor", None, None),
+    cache_bksh=P(BATCH, "tensor", None, None),
+)
+
+TRAINING = ShardingSpec(
+    embed_vd=P("tensor", "fsdp"),
+    q_dnh=P("fsdp", "tensor", None),
+    kv_dkh=P("fsdp", "tensor", None),
+    o_nhd=P("tensor", None, "fsdp"),
+    mlp_in_df=P("fsdp", "tensor"),
+    mlp_out_fd=P("tensor", "fsdp"),
+    unembed_dv=P("fsdp", "tensor"),
+    vector=P(),
+    **_ACTIVATIONS,
+)
+
+SAMPLING = ShardingSpec(
+    embed_vd=P("tensor", None),
+    q_dnh=P(None, "tensor", None),
+    kv_dkh=P(None, "tensor", None),
+    o_nhd=P("tensor", None, None),
+    mlp_in_df=P(None, "tensor"),
+    mlp_out_fd=P("tensor", None),
+    unembed_dv=P(None, "tensor"),
+    vector=P(),
+    **_ACTIVATIONS,
+)
+
+# Model parameter leaf name -> ShardingSpec field (leaf names are unique in models/qwen3.py).
+PARAM_FIELDS = {
+    "embedding": "embed_vd",
+    "q_proj": "q_dnh",
+    "k_proj": "kv_dkh",
+    "v_proj": "kv_dkh",
+    "o_proj": "o_nhd",
+    "gate_proj": "mlp_in_df",
+    "up_proj": "mlp_in_df",
+    "down_proj": "mlp_out_fd",
+    "lm_head": "unembed_dv",
+    "q_norm": "vector",
+    "k_norm": "vector",
+    "input_norm": "vector",
+    "post_attn_norm": "vector",
+    "final_norm": "vector",
+    "value_head": "vector",
+    "value_bias": "vector",
+}
+
+
+def make_mesh(*, data: int = 1, fsdp: int = 1, tensor: int = 1,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
+
+    One size may be -1: it takes what the others leave. The product must equal the device
+    count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [data, fsdp, tensor]
+    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"make_mesh: sizes must be positive (one may be -1), got {sizes}")
+    if -1 in sizes:
+        known = math.prod(s for s in sizes if s != -1)
+        if len(devices) % known:
+            raise ValueError(f"make_mesh: {len(devices)} devices do not divide by {known}")
+        sizes[sizes.index(-1)] = len(devices) // known
+    if math.prod(sizes) != len(devices):
+        raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
+                         f"{len(devices)} devices")
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
+                         devices=devices)
+
+
+def initialize_distributed(enabled: bool, **kwargs: Any) -> None:
+    """Multi-host start-up: `jax.distributed.initialize(**kwargs)` when `enabled` (once).
+
+    Call it first thing in an entry point, before any other jax call. Nothing in the model
+    assumes one process: meshes span `jax.devices()` (all processes), checkpoints are read
+    per addressable shard and written by process 0 only.
+    """
+    if enabled and not jax.distributed.is_initialized():
+        jax.distributed.initialize(**kwargs)
+
+
+def _axis_size(mesh: Mesh, entry: Any) -> int:
+    if entry is None:
+        return 1
+    names = entry if isinstance(entry, tuple) else (entry,)
+    return math.prod(mesh.shape[n] for n in names)
+
+
+def param_spec(path: tuple[str, ...], ndim: int, layout: ShardingSpec) -> P:
+    """PartitionSpec of the parameter at `path` (keys of the params dict) with `ndim` dims."""
+    field = PARAM_FIELDS.get(path[-1])
+    if field is None:
+        raise KeyError(f"no sharding rule for parameter {'/'.join(path)}")
+    spec = tuple(getattr(layout, field))
+    if len(spec) > ndim:
+        raise ValueError(f"parameter {'/'.join(path)} has {ndim} dims, spec {spec} has more")
+    # Missing leading entries are the stacked layer axis (scan_layers) or a replicated vector.
+    return P(*((None,) * (ndim - len(spec)) + spec))
+
+
+def param_shardings(params_shape: Any, mesh: Mesh, layout: ShardingSpec = TRAINING) -> Any:
+    """NamedSharding for each leaf of a params pytree (arrays or `jax.ShapeDtypeStruct`s).
+
+    Raises ValueError naming the parameter when a sharded dimension does not divide by its
+    mesh axes.
+    """
+    def one(path, leaf):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        spec = param_spec(keys, len(leaf.shape), layout)
+        for dim, entry in zip(leaf.shape, spec):
+            if dim % _axis_size(mesh, entry):
+                raise ValueError(
+                    f"parameter {'/'.join(keys)} of shape {tuple(leaf.shape)}: dimension {dim} "
+                    f"does not divide over mesh axes {entry} (size {_axis_size(mesh, entry)}); "
+                    f"spec {spec}, mesh {dict(mesh.shape)}")
+        return NamedSharding(mesh, spec)
+
+    return jax.tree_util.tree_map_with_path(one, params_shape)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a [B, ...] batch array: B over (data, fsdp), the rest replicated."""
+    return NamedSharding(mesh, P(BATCH, *(None,) * (ndim - 1)))
+
+
+def constrain(x: jax.Array, spec: P) -> jax.Array:
+    """`with_sharding_constraint(x, spec)` under the current mesh (`jax.set_mesh`); no-op
+    without one. Dimensions that do not divide by their axes stay unconstrained (e.g. a decode
+    batch smaller than the data axis) rather than failing."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    entries = []
+    for dim, entry in zip(x.shape, tuple(spec) + (None,) * (x.ndim - len(spec))):
+        names = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+        size = math.prod(mesh.shape[n] for n in names) if names else 1
+        entries.append(entry if dim % size == 0 else P.UNCONSTRAINED)
+    return jax.lax.with_sharding_constraint(x, P(*entries))
+
+
+def host_array(x: jax.Array) -> np.ndarray:
+    """The full value of a possibly multi-process array as numpy (all processes call it)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))

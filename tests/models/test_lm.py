@@ -1,0 +1,152 @@
+"""The functional entry points (`token_logprobs`, `forward` via `Qwen3LM`) against HF
+log-softmax, entropy and torch autograd gradients; chunking, temperature, the value head and
+degenerate inputs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from ibpo_jax import models
+from ibpo_jax.models import hf_io
+from tests.models.hf_helpers import hf_model, left_padded_batch, saved
+
+_logprobs = jax.jit(models.token_logprobs, static_argnums=(0, 1),
+                    static_argnames=("temperature", "return_entropy", "return_values",
+                                     "logits_chunk"))
+
+
+def _hf_token_logprobs(hf, tokens, mask):
+    positions = torch.from_numpy(np.maximum(np.cumsum(mask, -1) - 1, 0))
+    logits = hf(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask),
+                position_ids=positions).logits
+    lp = torch.log_softmax(logits[:, :-1], -1)
+    return lp.gather(-1, torch.from_numpy(tokens[:, 1:, None]))[..., 0], logits
+
+
+def test_token_logprobs_and_entropy_match_hf(gqa2, batch):
+    hf, path = gqa2
+    m = models.load_hf(path)
+    tokens, mask = batch
+    out = _logprobs(m.config, m.options, m.params, jnp.asarray(tokens), jnp.asarray(mask),
+                    return_entropy=True)
+    with torch.no_grad():
+        ref_lp, logits = _hf_token_logprobs(hf, tokens, mask)
+        p = torch.softmax(logits[:, :-1], -1)
+        ref_ent = -(p * torch.log(p)).sum(-1)
+    valid = (mask[:, 1:] & mask[:, :-1]).astype(bool)  # real target, real context
+    lp, ent = np.asarray(out.logprobs), np.asarray(out.entropy)
+    assert np.abs(lp[:, 1:] - ref_lp.numpy())[valid].max() <= 1e-4
+    assert np.abs(ent[:, 1:] - ref_ent.numpy())[valid].max() <= 1e-4
+    # Column 0, padding and each row's first real token (nothing real predicts it) are 0.
+    assert (lp[:, 0] == 0).all() and (lp[:, 1:][~valid] == 0).all()
+    assert (ent[:, 1:][~valid] == 0).all()
+
+
+def test_gradients_match_torch_autograd(gqa2, batch):
+    """Loss = mean next-token NLL over real tokens; every parameter's gradient vs torch's."""
+    hf, path = gqa2
+    m = models.load_hf(path)
+    tokens, mask = batch
+    real = mask[:, 1:] & mask[:, :-1]
+    n_valid = real.sum()
+
+    def loss(params):
+        lp = models.token_logprobs(m.config, m.options, params, jnp.asarray(tokens),
+                                   jnp.asarray(mask)).logprobs
+        return -jnp.sum(lp) / n_valid
+
+    grads = jax.jit(jax.grad(loss))(m.params)
+    hf.zero_grad()
+    ref_lp, _ = _hf_token_logprobs(hf, tokens, mask)
+    (-(ref_lp * torch.from_numpy(real)).sum() / float(n_valid)).backward()
+    ref = {name: p.grad.numpy() for name, p in hf.named_parameters()}
+    seen = 0
+    for name, g in hf_io.hf_tensors(m.config, grads):
+        scale = np.abs(ref[name]).max()
+        assert np.abs(g - ref[name]).max() <= 1e-4 * max(scale, 1.0), name
+        seen += 1
+    assert seen == len(ref)
+
+
+def test_chunked_logprobs_equal_unchunked_with_gradients(gqa2, batch):
+    _, path = gqa2
+    m = models.load_hf(path)
+    tokens, mask = (jnp.asarray(a) for a in batch)
+
+    def run(chunk):
+        def f(params):
+            out = models.token_logprobs(m.config, m.options, params, tokens, mask,
+                                        temperature=0.7, return_entropy=True,
+                                        logits_chunk=chunk)
+            return jnp.sum(out.logprobs) + jnp.sum(out.entropy), out
+        (_, out), g = jax.jit(jax.value_and_grad(f, has_aux=True))(m.params)
+        return out, g
+
+    (full, g_full), (chunked, g_chunked) = run(0), run(3)  # 3 does not divide T - 1 = 8
+    np.testing.assert_allclose(chunked.logprobs, full.logprobs, atol=1e-5)
+    np.testing.assert_allclose(chunked.entropy, full.entropy, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_chunked, g_full)
+
+
+def test_temperature_divides_logits(gqa2, batch):
+    _, path = gqa2
+    m = models.load_hf(path)
+    tokens, mask = (jnp.asarray(a) for a in batch)
+    lp = _logprobs(m.config, m.options, m.params, tokens, mask, temperature=0.5).logprobs
+    logits = np.asarray(m(tokens, mask))[:, :-1] / 0.5
+    ref = np.take_along_axis(jax.nn.log_softmax(logits, -1), np.asarray(tokens)[:, 1:, None],
+                             -1)[..., 0]
+    m_np = np.asarray(mask)
+    valid = (m_np[:, 1:] & m_np[:, :-1]).astype(bool)
+    assert np.abs(np.asarray(lp)[:, 1:] - ref)[valid].max() <= 1e-5
+
+
+def test_value_head_is_a_linear_readout_of_the_final_hidden_state(tmp_path):
+    # Tied model: logits[..., j] = h . E[j]. A value head set to (E[j], 0.5) must give
+    # logits[..., j] + 0.5, an identity between two different code paths.
+    hf = hf_model(num_attention_heads=4, num_key_value_heads=4, head_dim=24,
+                  tie_word_embeddings=True)
+    m = models.load_hf(saved(hf, tmp_path), value_head=True)
+    params = dict(m.params, value_head=m.params["embedding"][17], value_bias=jnp.float32(0.5))
+    m = models.Qwen3LM(m.config, m.options, params)
+    tokens, mask = left_padded_batch(np.random.default_rng(2), (6, 3), 128)
+    values = np.asarray(m.values(tokens, mask))
+    assert values.shape == tokens.shape and values.dtype == np.float32
+    np.testing.assert_allclose(values, np.asarray(m(tokens, mask))[..., 17] + 0.5, atol=1e-5)
+    stats = _logprobs(m.config, m.options, m.params, jnp.asarray(tokens), jnp.asarray(mask),
+                      return_values=True)
+    np.testing.assert_allclose(stats.values, values, atol=1e-5)
+
+
+def test_fully_padded_row_stays_finite(gqa2):
+    _, path = gqa2
+    m = models.load_hf(path)
+    tokens = np.array([[3, 4, 5], [0, 0, 0]])
+    mask = np.array([[1, 1, 1], [0, 0, 0]])
+    assert np.isfinite(np.asarray(m(tokens, mask))).all()
+
+    def loss(params):
+        out = models.token_logprobs(m.config, m.options, params, jnp.asarray(tokens),
+                                    jnp.asarray(mask), return_entropy=True)
+        return jnp.sum(out.logprobs) + jnp.sum(out.entropy)
+
+    value, grads = jax.jit(jax.value_and_grad(loss))(m.params)
+    assert np.isfinite(value)
+    assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads))
+
+
+def test_bad_inputs_raise():
+    m = models.init(models.Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=8,
+                                       num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=4), jax.random.key(0))
+    with pytest.raises(ValueError, match="tokens must be an int"):
+        m(np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match="attention_mask shape"):
+        m(np.zeros((2, 3), np.int32), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="value_head"):
+        m.values(np.zeros((2, 3), np.int32))
+    with pytest.raises(ValueError, match="temperature"):
+        models.token_logprobs(m.config, m.options, m.params, jnp.zeros((1, 3), jnp.int32),
+                              temperature=0.0)

@@ -1,0 +1,125 @@
+"""Meshes and layouts on 8 fake CPU devices: placements are what the spec declares, and sharded
+logits / gradients equal single-device ones."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax import models, sharding
+
+CFG = models.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16, rope_theta=5000.0, initializer_range=0.2)
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
+# Float32 sums split across devices add in another order: agreement to 1e-5, not bitwise.
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def single():
+    return models.init(CFG, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 128, (8, 7))
+    mask = np.ones((8, 7), np.int32)
+    mask[::3, :4] = 0  # left padding on some rows
+    return tokens, mask
+
+
+def _loss(m, params, tokens, mask):
+    return -jnp.sum(models.token_logprobs(m.config, m.options, params, tokens, mask).logprobs)
+
+
+def test_devices_are_faked():
+    assert len(jax.devices()) == 8
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=str)
+def test_sharded_logits_equal_single_device(single, batch, shape):
+    mesh = sharding.make_mesh(data=shape[0], fsdp=shape[1], tensor=shape[2])
+    m = models.Qwen3LM(CFG, single.options, models.place_params(single.params, mesh), mesh)
+    want = np.asarray(single(*batch))
+    got = m(*batch)
+    assert got.sharding.mesh.shape == dict(zip(sharding.MESH_AXES, shape))
+    np.testing.assert_allclose(np.asarray(got), want, atol=TOL)
+
+
+@pytest.mark.parametrize("shape", MESHES, ids=str)
+@pytest.mark.parametrize("layout", ["TRAINING", "SAMPLING"])
+def test_parameters_are_laid_out_as_declared(single, shape, layout):
+    mesh = sharding.make_mesh(data=shape[0], fsdp=shape[1], tensor=shape[2])
+    spec = getattr(sharding, layout)
+    placed = models.place_params(single.params, mesh, spec)
+    _, fsdp, tensor = shape
+    d = 64 // fsdp if layout == "TRAINING" else 64  # SAMPLING keeps weights whole over fsdp
+    expected_shard = {  # per-device shard of each layer weight, worked out by hand
+        "q_proj": (d, 4 // tensor, 16), "k_proj": (d, 2 // tensor, 16),
+        "o_proj": (4 // tensor, 16, d), "gate_proj": (d, 96 // tensor),
+        "down_proj": (96 // tensor, d), "input_norm": (64,),
+    }
+    layer = placed["layers_1"]
+    for name, leaf in [*layer["attn"].items(), *layer["mlp"].items(),
+                       ("input_norm", layer["input_norm"])]:
+        if name in expected_shard:
+            assert {s.data.shape for s in leaf.addressable_shards} == {expected_shard[name]}
+        assert leaf.sharding.spec == sharding.param_spec((name,), leaf.ndim, spec)
+    emb = placed["embedding"]
+    assert emb.sharding == NamedSharding(mesh, spec.embed_vd)
+    assert emb.addressable_shards[0].data.shape == (128 // tensor, d)
+
+
+def test_sharded_training_gradients_equal_single_device(single, batch):
+    tokens, mask = (jnp.asarray(a) for a in batch)
+    want = jax.jit(jax.grad(lambda p: _loss(single, p, tokens, mask)))(single.params)
+    mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
+    params = models.place_params(single.params, mesh)
+    shardings = jax.tree.map(lambda a: a.sharding, params)
+    batch_sharding = sharding.batch_sharding(mesh)
+    step = jax.jit(jax.grad(lambda p, t, m: _loss(single, p, t, m)),
+                   in_shardings=(shardings, batch_sharding, batch_sharding),
+                   out_shardings=shardings)
+    with jax.set_mesh(mesh):
+        got = step(params, tokens, mask)
+    assert got["layers_0"]["mlp"]["gate_proj"].sharding.spec == P("fsdp", "tensor")
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), got, want)
+
+
+def test_scanned_params_get_a_leading_unsharded_layer_axis():
+    m = models.init(CFG, jax.random.key(1), scan_layers=True,
+                    mesh=sharding.make_mesh(fsdp=4, tensor=2))
+    q = m.params["layers"]["attn"]["q_proj"]
+    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (2, 16, 2, 16)
+
+
+def test_make_mesh_sizes_and_errors():
+    assert sharding.make_mesh(fsdp=-1, tensor=2).shape == {"data": 1, "fsdp": 4, "tensor": 2}
+    with pytest.raises(ValueError, match="8 devices"):
+        sharding.make_mesh(data=3)
+    with pytest.raises(ValueError, match="one may be -1"):
+        sharding.make_mesh(data=-1, fsdp=-1)
+
+
+def test_indivisible_dimension_names_the_parameter():
+    cfg = models.Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=96,
+                             num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=1,
+                             head_dim=16)
+    shapes = models.abstract_params(cfg, models.ModelOptions())
+    with pytest.raises(ValueError, match="layers_0/attn/k_proj"):
+        sharding.param_shardings(shapes, sharding.make_mesh(data=4, tensor=2))
+
+
+def test_constrain_is_a_no_op_without_a_mesh():
+    x = jnp.ones((4, 3))
+    assert sharding.constrain(x, P(sharding.BATCH, None)) is x
+
+
+def test_initialize_distributed_only_when_asked():
+    sharding.initialize_distributed(False)
+    assert not jax.distributed.is_initialized()
