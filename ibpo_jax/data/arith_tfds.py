@@ -19,6 +19,7 @@ config's seed, each excluding the questions of the splits drawn before it, so th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
+from absl import logging as absl_logging
 
 from ibpo_jax.data import arith
 
@@ -108,18 +110,33 @@ class IbpoArith(tfds.core.GeneratorBasedBuilder):
             yield r["id"], r
 
 
+@contextlib.contextmanager
+def _quiet_tfds():
+    """tfds warns about every non-ladder config ("custom data configuration") and about the
+    not-yet-built variant folder; both are expected here."""
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logging.set_verbosity(verbosity)
+
+
 def _make_builder(config: ArithBuilderConfig, data_dir: str) -> IbpoArith:
     # tfds refuses a custom config object named like a predefined one (a ladder level), even an
     # equal one; the name encodes every field, so the predefined object is the same config.
     config = IbpoArith.builder_configs.get(config.name, config)
-    return IbpoArith(config=config, data_dir=data_dir, file_format="array_record")
+    with _quiet_tfds():
+        return IbpoArith(config=config, data_dir=data_dir, file_format="array_record")
 
 
 def build(config: ArithBuilderConfig, data_dir: str | None = None) -> IbpoArith:
     """The prepared builder for `config`, preparing it first if needed (atomic, see module doc)."""
     data_dir = data_dir or default_data_dir()
     builder = _make_builder(config, data_dir)
-    if builder.is_prepared():
+    with _quiet_tfds():
+        prepared = builder.is_prepared()
+    if prepared:
         return builder
     os.makedirs(data_dir, exist_ok=True)
     tmp_dir = tempfile.mkdtemp(prefix=".ibpo_arith-incomplete-", dir=data_dir)

@@ -1,0 +1,11 @@
+"""GRPO baseline: token-level clipped ratio, terminal reward only (φ = 0).
+
+Usage: python -m ibpo_jax.train --config=configs/grpo.py[:preset] [--config.key=value ...]
+Presets: arith_tiny (default), smoke, qwen3_{0.6b,1.7b,4b,8b,14b,32b}_math.
+"""
+
+from configs import base
+
+
+def get_config(arg=None):
+    return base.make("grpo", preset=arg)

@@ -1,0 +1,125 @@
+"""Evaluate a policy: ``python -m ibpo_jax.evaluate --config=configs/ibpo_gspo.py[:preset]
+--checkpoint=PATH [--benchmark=name=path ...] [--config.key=value ...]``.
+
+PATH is a run's workdir (its latest checkpoint), one orbax checkpoint step directory, or a
+local HF directory. Each benchmark is scored with avg@k (mean accuracy over k =
+config.eval.samples samples per problem, config.eval.temperature / top_p) and pass@k; the
+result is printed as a markdown table in the layout of the paper's Table 1 and written to
+``--out`` (JSON) if given. Without --benchmark, the config's evaluation task is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ibpo_jax import config as config_lib
+from ibpo_jax import models, sampling, sharding
+from ibpo_jax.trainer import evaluation, loop, policy
+from ibpo_jax.trainer.checkpoint import Checkpointer
+from ibpo_jax.trainer.state import init_state, make_optimizer
+
+
+def load_policy(cfg: config_lib.RunConfig, path: Path, *, task: Any, tokenizer: Any,
+                mesh: Any) -> models.Qwen3LM:
+    """The policy at `path`: an HF directory, a run's workdir (latest checkpoint) or a step."""
+    hf_config = path / "config.json"
+    if hf_config.exists() and json.loads(hf_config.read_text()).get("model_type") == "qwen3":
+        return models.load_hf(path, dtype=jnp.dtype(cfg.model.dtype), mesh=mesh,
+                              **policy.model_options(cfg))
+    if (path / "checkpoints").is_dir():
+        ckpt_dir, step = path / "checkpoints", None
+    elif path.name.isdigit():
+        ckpt_dir, step = path.parent, int(path.name)
+    else:
+        raise FileNotFoundError(f"--checkpoint {path}: neither an HF directory, a run workdir "
+                                "nor an orbax checkpoint step directory")
+    base = policy.load_base(cfg, task=task, tokenizer=tokenizer, mesh=mesh, log=print)
+    ckpt = Checkpointer(ckpt_dir, every=1, keep=1_000_000)
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"--checkpoint {path}: no checkpoint in {ckpt_dir}")
+    # The run's state layout (its optimizer state included) is the restore target.
+    optimizer = make_optimizer(cfg.optim, total_updates=max(cfg.train.steps, 1))
+    state, _ = ckpt.restore(step, init_state(base.params, optimizer))
+    ckpt.close()
+    print(f"restored {ckpt_dir}/{step}", flush=True)
+    return models.Qwen3LM(base.config, base.options, state.params, mesh)
+
+
+def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
+                        benchmarks: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
+    """{benchmark: metrics}; benchmarks = [(task name, path)], [] = the config's eval task on
+    its test split."""
+    mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
+    tokenizer = loop.build_tokenizer(cfg)
+    train_task, eval_task, _ = loop.train_and_eval_tasks(cfg, tokenizer)
+    m = load_policy(cfg, Path(checkpoint), task=train_task, tokenizer=tokenizer, mesh=mesh)
+    generate = sampling.generate_fn(
+        m.config, m.options, max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, num_samples=cfg.eval.samples,
+        eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
+    chunk = max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.eval.samples)
+    if benchmarks:
+        todo = [(name, loop.build_task(cfg, tokenizer, name, path)) for name, path in benchmarks]
+    else:
+        todo = [(eval_task.name, eval_task)]
+    results = {}
+    for name, task in todo:
+        split = (cfg.task.test_split if task is train_task and cfg.task.test_split in task.splits
+                 else loop.default_split(task))
+        records = task.split(split)
+        records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
+        pool = loop.reward_pool(cfg, task.reward)
+        try:
+            with jax.set_mesh(mesh):
+                results[f"{name}/{split}"] = evaluation.evaluate(
+                    generate, m.params, records=records, task=task, tokenizer=tokenizer,
+                    pool=pool, samples=cfg.eval.samples, chunk=chunk,
+                    max_prompt_len=cfg.rollout.max_prompt_len)
+        finally:
+            pool.close()
+    return results
+
+
+def table(label: str, results: dict[str, dict[str, float]], samples: int) -> str:
+    names = list(results)
+    head = "| method | " + " | ".join(names) + " |"
+    rule = "|---" * (len(names) + 1) + "|"
+    avg = f"| {label} avg@{samples} | " + " | ".join(
+        f"{100 * results[n]['eval_accuracy']:.1f}" for n in names) + " |"
+    pas = f"| {label} pass@{samples} | " + " | ".join(
+        f"{100 * results[n][f'eval_pass_at_{samples}']:.1f}" for n in names) + " |"
+    return "\n".join([head, rule, avg, pas])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ibpo_jax.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/ibpo_gspo.py")
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--benchmark", action="append", default=[],
+                        help="name=path (a TASKS name and its local file); repeatable")
+    parser.add_argument("--out", default="", help="write the results as JSON here")
+    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = config_lib.load(args.config, config_lib.parse_overrides(rest))
+    except config_lib.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    benchmarks = [tuple(b.split("=", 1)) if "=" in b else (b, "") for b in args.benchmark]
+    results = evaluate_benchmarks(cfg, args.checkpoint, benchmarks)
+    print(table(cfg.algo, results, cfg.eval.samples))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Host-side batching: prompt records -> left-padded token arrays, responses -> text.
+
+Prompts are right-aligned in a [B, P] array (left padding) so every response starts at
+column P; the sampler, the trainer's log-prob pass and the comparison kernel all rely on that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class PromptBatch(NamedTuple):
+    tokens: np.ndarray  # [B, P] int32, left-padded with pad_id
+    lengths: np.ndarray  # [B] int32
+    truncated: int  # prompts longer than P, cut from the left (counted in the metrics)
+
+
+def encode_prompts(tokenizer: Any, texts: Sequence[str], max_len: int) -> PromptBatch:
+    """Tokenizes `texts` (BOS prepended when the tokenizer has one) into a [B, max_len] batch."""
+    out = np.full((len(texts), max_len), tokenizer.pad_id, np.int32)
+    lengths = np.zeros(len(texts), np.int32)
+    truncated = 0
+    for row, text in enumerate(texts):
+        ids = list(tokenizer.encode(text))
+        if tokenizer.bos_id is not None:
+            ids = [tokenizer.bos_id, *ids]
+        if len(ids) > max_len:
+            truncated += 1
+            ids = ids[-max_len:]
+        if ids:
+            out[row, max_len - len(ids):] = ids
+        lengths[row] = len(ids)
+    return PromptBatch(out, lengths, truncated)
+
+
+def decode_responses(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
+    """Response texts: each row's first `length` tokens, without the final EOS token."""
+    eos = set(tokenizer.eos_ids)
+    texts = []
+    for row, n in zip(tokens, lengths):
+        ids = row[: int(n)].tolist()
+        if ids and ids[-1] in eos:
+            ids = ids[:-1]
+        texts.append(tokenizer.decode(ids))
+    return texts
+
+
+def encode_supervised(tokenizer: Any, prompts: Sequence[str], targets: Sequence[str],
+                      *, max_prompt_len: int, max_target_len: int) -> tuple[np.ndarray, ...]:
+    """Teacher-forcing batch for the warm start: [B, P + T] tokens and a target-token mask.
+
+    The prompt is left-padded to P exactly as in RL, so the warm-started policy sees the same
+    layout it will be sampled with; targets end with EOS and are right-padded.
+    """
+    prompt = encode_prompts(tokenizer, prompts, max_prompt_len)
+    target = np.full((len(targets), max_target_len), tokenizer.pad_id, np.int32)
+    target_mask = np.zeros((len(targets), max_target_len), bool)
+    for row, text in enumerate(targets):
+        ids = [*tokenizer.encode(text), tokenizer.eos_id][:max_target_len]
+        target[row, : len(ids)] = ids
+        target_mask[row, : len(ids)] = True
+    prompt_mask = np.arange(max_prompt_len)[None, :] >= (max_prompt_len - prompt.lengths)[:, None]
+    tokens = np.concatenate([prompt.tokens, target], axis=1)
+    attention = np.concatenate([prompt_mask, target_mask], axis=1)
+    loss_mask = np.concatenate([np.zeros_like(prompt_mask), target_mask], axis=1)
+    return tokens, attention, loss_mask

@@ -1,0 +1,298 @@
+"""The RL loop: prompts -> G rollouts each -> rewards -> φ -> advantages -> updates -> metrics,
+with periodic evaluation and checkpoints, resuming from the latest checkpoint of a workdir.
+
+Per step, only reward scoring leaves the device: the sampler's output is decoded and scored on
+the host, then `step.credit` (φ on device) and `step.update` run back to back on device arrays.
+Everything the next step depends on is a function of (seed, step) and the checkpointed state,
+so a run killed at any point and restarted reproduces the uninterrupted run's metrics.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax import models, sampling, sharding
+from ibpo_jax import rewards as rewards_lib
+from ibpo_jax.config import RunConfig
+from ibpo_jax.data import arith, get_task
+from ibpo_jax.data.sampler import IndexSampler
+from ibpo_jax.data.tokenizer import CharTokenizer
+from ibpo_jax.trainer import evaluation, policy, step
+from ibpo_jax.trainer.batching import decode_responses, encode_prompts
+from ibpo_jax.trainer.checkpoint import Checkpointer
+from ibpo_jax.trainer.logs import RunLog, read_metrics
+from ibpo_jax.trainer.state import init_state, make_optimizer
+
+
+def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
+    if cfg.task.name == "arith" and not cfg.tokenizer.path:
+        return CharTokenizer()
+    from ibpo_jax.data import hf
+
+    path = cfg.tokenizer.path or cfg.model.checkpoint
+    if not path:
+        raise ValueError(f"task {cfg.task.name!r} needs a tokenizer: set config.tokenizer.path "
+                         "or config.model.checkpoint (a local HF directory)")
+    return hf.load_tokenizer(path, vocab_size=vocab_size)
+
+
+def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
+    """Task `name` (a registry.TASKS entry); file-backed tasks read `path`."""
+    if name == "arith":
+        a = cfg.task.arith
+        return get_task("arith", config=arith.ArithConfig(a.num_steps, a.digits, a.ops),
+                        data_dir=str(policy.data_dir(cfg) / "tfds"))
+    if not path:
+        raise ValueError(f"task {name!r} reads local files: give its path (config.task.path / "
+                         "config.task.eval_path, or --benchmark=name=path)")
+    if isinstance(tokenizer, CharTokenizer):
+        return get_task(name, path=path)
+    return get_task(name, path=path, tokenizer=tokenizer, enable_thinking=cfg.task.thinking)
+
+
+def train_and_eval_tasks(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any, str]:
+    """(training task, evaluation task, evaluation split)."""
+    task = build_task(cfg, tokenizer, cfg.task.name, cfg.task.path)
+    if not cfg.task.eval_name:
+        return task, task, cfg.task.eval_split
+    eval_task = build_task(cfg, tokenizer, cfg.task.eval_name, cfg.task.eval_path)
+    return task, eval_task, default_split(eval_task)
+
+
+def default_split(task: Any) -> str:
+    return "test" if "test" in task.splits else sorted(task.splits)[0]
+
+
+def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
+    reward = rewards_lib.get_reward(cfg.reward.name or name,
+                                    values=(cfg.reward.wrong, cfg.reward.correct))
+    return rewards_lib.RewardPool(reward, num_workers=cfg.reward.num_workers,
+                                  timeout_s=cfg.reward.timeout_s)
+
+
+def _rows_sharding(mesh, ndim: int) -> NamedSharding:
+    return NamedSharding(mesh, P(sharding.BATCH, *([None] * (ndim - 1))))
+
+
+def _summary(first: dict, last: dict, rows: list[dict]) -> str:
+    def mean(key):
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    lines = [
+        "| metric | value |", "|---|---|",
+        f"| eval accuracy, base (step {first['step']}) | {first.get('eval_accuracy', 'n/a')} |",
+        f"| eval accuracy, final (step {last['step']}) | {last.get('eval_accuracy', 'n/a')} |",
+        f"| train accuracy, mean over steps | {mean('accuracy'):.4f} |",
+        f"| mean φ (wrong responses) | {mean('phi_mean'):.4f} |",
+        f"| mean Cov(Y, φ) | {mean('cov_y_phi'):.4f} |",
+        f"| mean Var(A) IBPO / GSPO (eqs. 10-11) | {mean('adv_var'):.4f} / "
+        f"{mean('adv_var_gspo'):.4f} |",
+        f"| throughput, sampled tokens/s | {mean('tokens_per_s'):.1f} |",
+        f"| trajectories sampled | {last.get('budget_trajectories', 0)} |",
+    ]
+    return "\n".join(lines)
+
+
+class Trainer:
+    """Everything one run holds: tasks, policy and reference, compiled step functions, reward
+    pools, data position and train state. `run` drives it; benchmarks call `rl_step` directly."""
+
+    def __init__(self, cfg: RunConfig, workdir: str | Path, *, log=None):
+        self.cfg = cfg
+        self.workdir = Path(workdir).absolute()
+        self.is_main = jax.process_index() == 0
+        self.say = log or (functools.partial(print, flush=True) if self.is_main
+                           else (lambda *_: None))
+        self.mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
+                                       tensor=cfg.mesh.tensor)
+        self.tokenizer = build_tokenizer(cfg)
+        self.task, self.eval_task, eval_split = train_and_eval_tasks(cfg, self.tokenizer)
+        self.base = policy.load_base(cfg, task=self.task, tokenizer=self.tokenizer,
+                                     mesh=self.mesh, log=self.say)
+        self.spec = step.StepSpec.from_config(cfg, self.base.config, self.base.options)
+        total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
+        self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)
+        # The policy gets its own buffers: updates donate them, the reference keeps the base's.
+        self.state = init_state(jax.tree.map(jnp.copy, self.base.params), self.optimizer)
+
+        self.train_records = self.task.split(cfg.task.train_split)
+        records = self.eval_task.split(eval_split)
+        self.eval_records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
+        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed,
+                                    shard_index=jax.process_index(),
+                                    num_shards=jax.process_count())
+
+        sample_opts = dict(eos_ids=tuple(self.tokenizer.eos_ids), pad_id=self.tokenizer.pad_id,
+                           mesh=self.mesh)
+        self.generate = sampling.generate_fn(
+            self.base.config, self.base.options, max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k, num_samples=cfg.rollout.group_size, **sample_opts)
+        self.eval_generate = sampling.generate_fn(
+            self.base.config, self.base.options,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+            num_samples=cfg.eval.samples, **sample_opts)
+        self.is_delim = jnp.asarray(self.tokenizer.is_delim)
+        self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
+        self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
+                                 donate_argnums=0)
+        self.seed_key = jax.random.key(cfg.seed)
+        self.pool = reward_pool(cfg, self.task.reward)
+        self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
+                          else reward_pool(cfg, self.eval_task.reward))
+
+    def restore(self, ckpt: Checkpointer) -> int | None:
+        """Restores the latest checkpoint, if any; returns its step."""
+        last = ckpt.latest_step()
+        if last is None:
+            return None
+        self.state, meta = ckpt.restore(last, self.state)
+        self.sampler.restore(meta["data_position"])
+        now = self.cfg.to_dict()
+        changed = sorted(k for k in meta["config"] if meta["config"][k] != now.get(k))
+        if changed:
+            self.say(f"resuming with a changed config (sections: {', '.join(changed)})")
+        self.say(f"resumed from {ckpt.directory}/{last} (data position {self.sampler.position})")
+        return last
+
+    def save(self, ckpt: Checkpointer, s: int) -> None:
+        ckpt.save(s, self.state, {"step": s, "data_position": self.sampler.position,
+                                  "config": self.cfg.to_dict()})
+
+    def evaluate(self) -> dict[str, float]:
+        cfg = self.cfg
+        chunk = max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.eval.samples)
+        with jax.set_mesh(self.mesh):
+            return evaluation.evaluate(
+                self.eval_generate, self.state.params, records=self.eval_records,
+                task=self.eval_task, tokenizer=self.tokenizer, pool=self.eval_pool,
+                samples=cfg.eval.samples, chunk=chunk, max_prompt_len=cfg.rollout.max_prompt_len)
+
+    def rl_step(self, s: int) -> dict[str, float]:
+        """RL step `s` (1-based): updates the state, returns the step's metrics."""
+        cfg, tok, g = self.cfg, self.tokenizer, self.cfg.rollout.group_size
+        gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
+
+        t0 = time.perf_counter()
+        b_local = cfg.rollout.prompts_per_step // jax.process_count()
+        records = [self.train_records[int(i)] for i in self.sampler.next_indices(b_local)]
+        prompts = encode_prompts(tok, [self.task.prompt_text(r) for r in records],
+                                 cfg.rollout.max_prompt_len)
+        with jax.set_mesh(self.mesh):
+            out = self.generate(self.state.params, prompts.tokens, prompts.lengths, gen_key)
+        tokens, lengths = sharding.host_array(out.tokens), sharding.host_array(out.lengths)
+        t1 = time.perf_counter()
+
+        texts = decode_responses(tok, tokens, lengths)
+        reward, infos = self.pool.score([r for r in records for _ in range(g)], texts)
+        correct = np.array([bool(i["correct"]) for i in infos])
+        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
+        ended = np.isin(last_token, tok.eos_ids) & (lengths > 0)
+        t2 = time.perf_counter()
+
+        place = lambda x: jax.device_put(np.asarray(x), _rows_sharding(self.mesh, np.ndim(x)))
+        rollout = step.Rollout(
+            prompt=place(np.repeat(prompts.tokens, g, axis=0)),
+            prompt_len=place(np.repeat(prompts.lengths, g)),
+            response=place(tokens), response_len=place(lengths),
+            sample_logp=place(sharding.host_array(out.logprobs)),
+            reward=place(reward.astype(np.float32)), correct=place(correct), ended=place(ended))
+        with jax.set_mesh(self.mesh):
+            cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
+            jax.block_until_ready(cred)
+            t3 = time.perf_counter()
+            self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
+                                                        cred, update_key)
+            jax.block_until_ready(self.state)
+        t4 = time.perf_counter()
+
+        metrics = {k: float(v) for k, v in {**credit_metrics, **update_metrics}.items()}
+        metrics.update(_first_error_agreement(cred, correct, infos, g))
+        metrics.update(
+            budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit
+            prompts_truncated=prompts.truncated,
+            tokens_per_s=int(lengths.sum()) / (t4 - t0),
+            time_rollout_s=t1 - t0, time_reward_s=t2 - t1, time_phi_s=t3 - t2,
+            time_update_s=t4 - t3,
+        )
+        return metrics
+
+    def export_hf(self, path: Path) -> None:
+        """The current policy as an HF checkpoint (every process calls it: gathers are
+        collective)."""
+        models.save_hf(models.Qwen3LM(self.base.config, self.base.options, self.state.params),
+                       path)
+
+    def close(self) -> None:
+        self.pool.close()
+        if self.eval_pool is not self.pool:
+            self.eval_pool.close()
+
+
+def run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
+    """Trains per `cfg`, writing outputs under `workdir`; returns the metrics rows."""
+    trainer = Trainer(cfg, workdir)
+    workdir = trainer.workdir
+    ckpt = Checkpointer(workdir / "checkpoints", every=cfg.train.checkpoint_every,
+                        keep=cfg.train.keep_checkpoints)
+    log = None
+    try:
+        last = trainer.restore(ckpt)
+        if trainer.is_main:
+            workdir.mkdir(parents=True, exist_ok=True)
+            (workdir / "config.json").write_text(cfg.to_json())
+        log = RunLog(workdir, total_steps=cfg.train.steps,
+                     last_step=-1 if last is None else last, progress=cfg.train.progress,
+                     is_main=trainer.is_main)
+        if last is None:
+            log.info("evaluating the base policy")
+            log.write(0, {**trainer.evaluate(), "budget_trajectories": 0})
+        for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
+            metrics = trainer.rl_step(s)
+            if s % cfg.train.eval_every == 0 or s == cfg.train.steps:
+                metrics.update(trainer.evaluate())
+            log.write(s, metrics)
+            if ckpt.should_save(s, last=s == cfg.train.steps):
+                trainer.save(ckpt, s)
+        trainer.export_hf(workdir / "hf_final")
+    finally:
+        if log is not None:
+            log.close()
+        ckpt.close()
+        trainer.close()
+
+    rows = read_metrics(workdir / "metrics.jsonl")
+    evals = [r for r in rows if "eval_accuracy" in r]
+    if trainer.is_main and evals:
+        table = _summary(evals[0], evals[-1], [r for r in rows if r["step"] > 0])
+        (workdir / "summary.md").write_text(table + "\n")
+        trainer.say(table)
+    return rows
+
+
+def _first_error_agreement(cred: step.Credit, correct: np.ndarray, infos: list[dict],
+                           g: int) -> dict[str, float]:
+    """How often φ's first-error position equals the checker's first wrong step (tasks whose
+    checker reports one, e.g. arith): over wrong responses of groups with a correct one."""
+    truth = [i.get("first_wrong_step") for i in infos]
+    if all(t is None for t in truth):
+        return {}
+    found = sharding.host_array(cred.first_error).reshape(-1)
+    groups = correct.reshape(-1, g)
+    scored = (~groups & groups.any(axis=1, keepdims=True)).reshape(-1)
+    pairs = [(int(f), t) for f, t, k in zip(found, truth, scored) if k and t is not None]
+    if not pairs:
+        return {}
+    return {"first_error_agreement": float(np.mean([f == t for f, t in pairs]))}
+

@@ -1,0 +1,107 @@
+"""Where the base policy comes from: a local HF checkpoint, a cached warm start, or random.
+
+For the embedded `arith` task there is no pretrained checkpoint, so the default config first
+runs a short supervised warm start on the task's reference solutions (`warm_start.run`) and
+caches the result as an HF directory keyed by everything that determines it; later runs (any
+RL seed or algorithm) reuse it. RL then starts from a policy with non-trivial accuracy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from ibpo_jax import models
+from ibpo_jax.config import RunConfig
+
+
+def model_options(cfg: RunConfig) -> dict[str, Any]:
+    """`models.ModelOptions` fields of this run (a value head for PPO's critic)."""
+    return dict(
+        param_dtype=jnp.dtype(cfg.model.param_dtype),
+        remat=cfg.model.remat,
+        scan_layers=cfg.model.scan_layers,
+        value_head=cfg.loss.name == "ppo",
+    )
+
+
+def architecture(cfg: RunConfig, vocab_size: int) -> models.Qwen3Config:
+    """The architecture to initialize when no checkpoint is given."""
+    if cfg.model.preset != "tiny":
+        return models.QWEN3_PRESETS[cfg.model.preset]
+    t = cfg.model.tiny
+    return models.Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=t.hidden_size,
+        intermediate_size=t.intermediate_size,
+        num_hidden_layers=t.num_hidden_layers,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        rope_theta=10_000.0,
+        max_position_embeddings=4 * (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens),
+        tie_word_embeddings=True,
+    )
+
+
+def data_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.task.data_dir or os.environ.get("IBPO_DATA_DIR")
+                or Path.home() / ".cache" / "ibpo_jax")
+
+
+def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
+    """Cache directory of the warm-started base policy: a hash of what determines it."""
+    key = json.dumps(
+        dict(
+            task=cfg.task.name, arith=cfg.to_dict()["task"]["arith"],
+            arch=architecture(cfg, vocab_size).to_hf_dict(),
+            warm_start={k: v for k, v in cfg.to_dict()["warm_start"].items()
+                        if k not in ("enabled", "cache_dir")},
+            max_prompt_len=cfg.rollout.max_prompt_len, max_new_tokens=cfg.rollout.max_new_tokens,
+            dtype=cfg.model.param_dtype,
+        ),
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    root = (Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir
+            else data_dir(cfg) / "warm_start")
+    return root / f"{cfg.task.name}_{digest}"
+
+
+def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> models.Qwen3LM:
+    """The base policy (also the frozen KL reference) on `mesh`."""
+    dtype = jnp.dtype(cfg.model.dtype)
+    options = model_options(cfg)
+    if cfg.model.checkpoint:
+        m = models.load_hf(cfg.model.checkpoint, dtype=dtype, mesh=mesh, **options)
+        if cfg.model.preset not in ("tiny", "hf"):
+            expected = models.QWEN3_PRESETS[cfg.model.preset]
+            if m.config != expected:
+                log(f"note: {cfg.model.checkpoint} differs from preset {cfg.model.preset}; "
+                    "using the checkpoint's config.json")
+        if m.config.vocab_size < tokenizer.vocab_size:
+            raise ValueError(f"config.model.checkpoint: vocab_size {m.config.vocab_size} < the "
+                             f"tokenizer's {tokenizer.vocab_size}")
+        log(f"base policy: {cfg.model.checkpoint}")
+        return m
+    if cfg.warm_start.enabled:
+        from ibpo_jax.trainer import warm_start
+
+        path = warm_start_dir(cfg, tokenizer.vocab_size)
+        if (path / "config.json").exists():
+            log(f"base policy: cached warm start {path}")
+        else:
+            log(f"no base policy for this config: running a supervised warm start on "
+                f"{cfg.task.name}'s reference solutions ({cfg.warm_start.steps} steps) -> {path}")
+            warm_start.run(cfg, task=task, tokenizer=tokenizer, out_dir=path, log=log)
+        return models.load_hf(path, dtype=dtype, mesh=mesh, **options)
+    log("base policy: random initialization (no checkpoint, no warm start)")
+    return models.init(architecture(cfg, tokenizer.vocab_size),
+                       jax.random.key(cfg.seed), dtype=dtype, mesh=mesh, **options)

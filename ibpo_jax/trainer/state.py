@@ -1,0 +1,55 @@
+"""Train state and optimizer (optax AdamW with warm-up, schedule and global-norm clipping)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ibpo_jax.config import OptimConfig
+
+
+class TrainState(NamedTuple):
+    """Everything an update changes; a pytree that orbax saves and restores."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array  # int32 scalar: completed RL steps
+
+
+def learning_rate(optim: OptimConfig, total_steps: int) -> optax.Schedule:
+    """Linear warm-up over `optim.warmup_steps` updates (the first update already takes
+    lr / warmup_steps, none is wasted at 0), then constant or cosine decay to 0 at
+    `total_steps`."""
+    warmup = max(optim.warmup_steps, 1)
+
+    def schedule(count):
+        lr = optim.lr * jnp.minimum(1.0, (count + 1) / warmup)
+        if optim.schedule == "cosine":
+            span = max(total_steps - optim.warmup_steps, 1)
+            progress = jnp.clip((count - optim.warmup_steps) / span, 0.0, 1.0)
+            lr = lr * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+        return lr
+
+    return schedule
+
+
+def make_optimizer(optim: OptimConfig, *, total_updates: int) -> optax.GradientTransformation:
+    """AdamW; `total_updates` counts optimizer updates (steps x epochs x minibatches)."""
+    parts = []
+    if optim.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(optim.grad_clip))
+    parts.append(
+        optax.adamw(
+            learning_rate(optim, total_updates), b1=optim.b1, b2=optim.b2,
+            weight_decay=optim.weight_decay,
+        )
+    )
+    return optax.chain(*parts)
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
+    return TrainState(params=params, opt_state=optimizer.init(params),
+                      step=jnp.zeros((), jnp.int32))

@@ -1,0 +1,375 @@
+"""The device side of one RL step, as two jitted pure functions.
+
+`credit`:  rollout -> φ (comparison kernel, DESIGN §2) -> advantages (DESIGN §3) + statistics.
+`update`:  old / reference log-probs -> epochs x minibatches of policy updates, each the exact
+           gradient of Σnum / Σden over its micro-batches (DESIGN §4), cancellation diagnostics
+           and transforms (DESIGN §5), a NaN/inf guard.
+
+Both take and return device arrays; the trainer calls them back to back with no host round trip
+(only reward scoring, before `credit`, leaves the device). Rows are prompt-major: row b*G + g is
+sample g of prompt b, so [N] reshapes to [B, G] groups. Shapes: N = B*G rows, P prompt columns
+(left-padded), R response columns, U comparison units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ibpo_jax import advantages, cancellation, comparison, losses, models
+from ibpo_jax.config import RunConfig
+from ibpo_jax.registry import LOSSES
+from ibpo_jax.trainer.state import TrainState
+
+
+class Rollout(NamedTuple):
+    """One step's samples, rewards included (device arrays, rows prompt-major)."""
+
+    prompt: jax.Array  # [N, P] int32, left-padded
+    prompt_len: jax.Array  # [N] int32
+    response: jax.Array  # [N, R] int32, right-padded
+    response_len: jax.Array  # [N] int32, generated tokens incl. a final EOS
+    sample_logp: jax.Array  # [N, R] float32, sampler's log-probs (0 past the length)
+    reward: jax.Array  # [N] float32, R_i (DESIGN §1)
+    correct: jax.Array  # [N] bool
+    ended: jax.Array  # [N] bool, the response ends with EOS (else truncated)
+
+
+class Credit(NamedTuple):
+    phi: jax.Array  # [B, G] float32
+    first_error: jax.Array  # [B, G] int32, units kept before the first error (wrong rows)
+    shaped: jax.Array  # [B, G] float32, r̃ = R + λφ (eq. 5)
+    adv: jax.Array  # [N] or [N, R] advantages (group estimators); zeros for PPO (GAE later)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Static (hashable) configuration of the jitted step functions."""
+
+    model: models.Qwen3Config
+    options: models.ModelOptions
+    group_size: int
+    temperature: float
+    operator: str
+    granularity: str
+    max_units: int
+    lam: float
+    credit: str
+    normalize_std: bool
+    adv_eps: float
+    ddof: int
+    gamma: float
+    gae_lambda: float
+    loss: str
+    aggregation: str
+    clip_eps_low: float
+    clip_eps_high: float
+    beta: float
+    kl_estimator: str
+    norm_const: float | None
+    value_coef: float
+    value_clip: float
+    transform: str
+    epochs: int
+    minibatches: int
+    microbatches: int
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, model: models.Qwen3Config,
+                    options: models.ModelOptions) -> StepSpec:
+        loss = cfg.loss.name
+        if loss == "gspo" and cfg.ibpo.credit == "token":
+            loss = "gspo_token"  # per-token credit needs GSPO's token form (DESIGN §4)
+        needs_norm = cfg.loss.aggregation == "seq_mean_token_sum_norm"
+        return cls(
+            model=model, options=options, group_size=cfg.rollout.group_size,
+            temperature=cfg.rollout.temperature or 1.0, operator=cfg.ibpo.operator,
+            granularity=cfg.ibpo.granularity, max_units=cfg.ibpo.max_units, lam=cfg.ibpo.lam,
+            credit=cfg.ibpo.credit, normalize_std=cfg.advantage.normalize_std,
+            adv_eps=cfg.advantage.eps, ddof=cfg.advantage.ddof, gamma=cfg.advantage.gamma,
+            gae_lambda=cfg.advantage.gae_lambda, loss=loss, aggregation=cfg.loss.aggregation,
+            clip_eps_low=cfg.loss.clip_eps_low, clip_eps_high=cfg.loss.clip_eps_high,
+            beta=cfg.loss.beta, kl_estimator=cfg.loss.kl_estimator,
+            norm_const=(cfg.loss.norm_const or float(cfg.rollout.max_new_tokens))
+            if needs_norm else None,
+            value_coef=cfg.loss.value_coef, value_clip=cfg.loss.value_clip,
+            transform=cfg.cancellation.transform, epochs=cfg.optim.epochs,
+            minibatches=cfg.optim.minibatches, microbatches=cfg.optim.microbatches,
+        )
+
+    @property
+    def is_ppo(self) -> bool:
+        return self.loss == "ppo"
+
+
+def response_mask(lengths: jax.Array, width: int) -> jax.Array:
+    return jnp.arange(width)[None, :] < lengths[:, None]  # [N, R]
+
+
+def _groups(x: jax.Array, g: int) -> jax.Array:
+    return x.reshape(x.shape[0] // g, g, *x.shape[1:])
+
+
+# ------------------------------------------------------------------------------ credit
+
+
+def comparison_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array):
+    """Units [N, U], unit counts [N] and each token's unit [N, R] of the responses (DESIGN §2).
+
+    The comparison excludes the EOS token (DESIGN §1).
+    """
+    length = rollout.response_len - rollout.ended.astype(jnp.int32)
+    if spec.granularity == "token":
+        units = rollout.response[:, : spec.max_units]
+        n_units = jnp.minimum(length, spec.max_units)
+        r = rollout.response.shape[1]
+        pos = jnp.broadcast_to(jnp.arange(r), rollout.response.shape)
+        token_unit = jnp.where(pos < n_units[:, None], pos, -1)
+        return units, n_units, token_unit
+    split = jax.vmap(lambda t, n: comparison.split_steps(t, n, is_delim,
+                                                         max_units=spec.max_units))
+    units, n_units = split(rollout.response, length)
+    token_unit = jax.vmap(lambda t, n: comparison.token_unit_index(
+        t, n, is_delim, max_units=spec.max_units))(rollout.response, length)
+    return units, n_units, token_unit
+
+
+def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credit, dict]:
+    """φ, advantages and the group statistics of Appendix A for one rollout batch."""
+    g = spec.group_size
+    units, n_units, token_unit = comparison_units(spec, rollout, is_delim)
+    phi_out = jax.vmap(lambda u, n, c: comparison.compute_phi(u, n, c, operator=spec.operator))(
+        _groups(units, g), _groups(n_units, g), _groups(rollout.correct, g))
+    phi = phi_out.phi  # [B, G]
+    rewards = _groups(rollout.reward, g)  # [B, G]
+    adv_kw = dict(lam=spec.lam, normalize_std=spec.normalize_std, eps=spec.adv_eps,
+                  ddof=spec.ddof)
+    if spec.is_ppo:
+        adv = jnp.zeros_like(rollout.reward)  # GAE needs the value head: computed in `update`
+    elif spec.credit == "token":
+        delta = comparison.units_to_tokens(phi_out.delta.reshape(-1, units.shape[1]),
+                                           token_unit)  # [N, R]
+        delta = jnp.where(response_mask(rollout.response_len, delta.shape[1]), delta, 0.0)
+        adv = advantages.token_advantages(rewards, phi, _groups(delta, g), **adv_kw)
+        adv = adv.reshape(rollout.response.shape)
+    else:
+        adv = advantages.group_advantages(rewards, phi, **adv_kw).reshape(-1)
+    shaped = rewards + spec.lam * phi
+    return Credit(phi, phi_out.first_error, shaped, adv), credit_metrics(rollout, phi, spec)
+
+
+def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:
+    g = spec.group_size
+    y = _groups(rollout.reward, g)
+    correct = _groups(rollout.correct, g)
+    mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
+    wrong_scored = ~correct & jnp.any(correct, -1, keepdims=True)
+    stats = advantages.appendix_a_stats(y, phi, lam=spec.lam)  # per group, unnormalized
+    n_mixed = jnp.maximum(jnp.sum(mixed), 1)
+
+    def over_mixed(x):
+        return jnp.sum(jnp.where(mixed, x, 0.0)) / n_mixed
+
+    lengths = rollout.response_len.astype(jnp.float32)
+    return {
+        "reward_mean": jnp.mean(rollout.reward),
+        "reward_var": jnp.var(rollout.reward),
+        "accuracy": jnp.mean(rollout.correct.astype(jnp.float32)),
+        # mean φ over wrong responses of groups with a correct one (elsewhere φ = 0 by definition)
+        "phi_mean": jnp.sum(jnp.where(wrong_scored, phi, 0.0))
+        / jnp.maximum(jnp.sum(wrong_scored), 1),
+        "cov_y_phi": over_mixed(-stats["C"]),
+        "lambda_max": over_mixed(stats["lambda_max"]),
+        "adv_var": jnp.mean(stats["var_adv_ibpo"]),
+        "adv_var_gspo": jnp.mean(stats["var_adv_gspo"]),
+        "frac_groups_all_same": jnp.mean(1.0 - mixed.astype(jnp.float32)),
+        "response_len_mean": jnp.mean(lengths),
+        "frac_truncated": jnp.mean(1.0 - rollout.ended.astype(jnp.float32)),
+    }
+
+
+# ------------------------------------------------------------------------------ update
+
+
+class _Batch(NamedTuple):
+    """Per-row training inputs; every field has N rows."""
+
+    tokens: jax.Array  # [N, P + R]
+    attention: jax.Array  # [N, P + R]
+    mask: jax.Array  # [N, R]
+    response: jax.Array  # [N, R]
+    old_logp: jax.Array  # [N, R]
+    ref_logp: jax.Array  # [N, R] (zeros when β = 0)
+    adv: jax.Array  # [N] or [N, R]
+    old_values: jax.Array  # [N, R] (PPO) or [N, 0]
+    returns: jax.Array  # [N, R] (PPO) or [N, 0]
+
+
+def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
+                    entropy: bool = False, values: bool = False):
+    out = models.token_logprobs(spec.model, spec.options, params, tokens, attention,
+                                temperature=spec.temperature, return_entropy=entropy,
+                                return_values=values)
+    cut = lambda x: None if x is None else x[:, p: p + r]  # entry t predicts tokens[t]
+    # The value of the state before response token t is the head on tokens[:P + t].
+    vals = None if out.values is None else out.values[:, p - 1: p + r - 1]
+    return cut(out.logprobs), cut(out.entropy), vals
+
+
+def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array) -> dict[str, Any]:
+    return dict(logp=logp, old_logp=b.old_logp, adv=b.adv, mask=b.mask,
+                ref_logp=b.ref_logp if spec.beta > 0 else None, beta=spec.beta,
+                kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
+                clip_eps_low=spec.clip_eps_low, clip_eps_high=spec.clip_eps_high,
+                norm_const=spec.norm_const)
+
+
+def _token_adv(adv: jax.Array, width: int) -> jax.Array:
+    return jnp.broadcast_to(adv[:, None], (adv.shape[0], width)) if adv.ndim == 1 else adv
+
+
+def _micro_loss(spec: StepSpec, params: Any, b: _Batch, p: int):
+    """(num, (den, metrics)) of one micro-batch of whole groups."""
+    r = b.mask.shape[1]
+    logp, _, values = _response_stats(spec, params, b.tokens, b.attention, p, r,
+                                      values=spec.is_ppo)
+    kw = _loss_kwargs(spec, b, logp)
+    out = LOSSES.get(spec.loss, key="config.loss.name")(**kw)
+    num = out.num
+    if spec.transform != "none":
+        w = losses.token_weights(spec.loss, **kw)
+        g = spec.group_size
+        adv_tok = _token_adv(b.adv, r)
+        w = jax.vmap(lambda t, m, a, ww: cancellation.apply_transform(
+            t, m, a, ww, transform=spec.transform))(
+            _groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g), _groups(w, g))
+        num, _ = cancellation.reweighted_loss(
+            logp=logp, adv=b.adv, weights=w.reshape(logp.shape), mask=b.mask,
+            ref_logp=kw["ref_logp"], beta=spec.beta, kl_estimator=spec.kl_estimator,
+            aggregation=spec.aggregation, norm_const=spec.norm_const)
+    metrics = dict(out.metrics)
+    if spec.is_ppo:
+        vl = losses.value_loss(values=values, old_values=b.old_values, returns=b.returns,
+                               mask=b.mask, clip_eps=spec.value_clip,
+                               aggregation=spec.aggregation, norm_const=spec.norm_const)
+        num = num + spec.value_coef * vl.num
+        metrics.update(vl.metrics)
+    return num, (out.den, metrics)
+
+
+def _gradients(spec: StepSpec, params: Any, mb: _Batch, p: int):
+    """Exact gradient of Σnum / Σden over the micro-batches stacked on mb's leading axis."""
+    grad_fn = jax.grad(lambda prm, b: _micro_loss(spec, prm, b, p), has_aux=True)
+    grads, (den, metrics) = grad_fn(params, jax.tree.map(lambda x: x[0], mb))
+    if spec.microbatches > 1:
+        def body(carry, b):
+            acc, den_acc, m_acc = carry
+            g, (d, m) = grad_fn(params, b)
+            return (jax.tree.map(jnp.add, acc, g), den_acc + d,
+                    losses.combine_metrics(m_acc, m)), None
+
+        (grads, den, metrics), _ = jax.lax.scan(
+            body, (grads, den, metrics), jax.tree.map(lambda x: x[1:], mb))
+    grads = jax.tree.map(lambda x: losses.safe_div(x, den), grads)
+    return grads, metrics
+
+
+def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: TrainState,
+           ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array
+           ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Policy updates on one rollout batch (epochs x minibatches optimizer steps)."""
+    p, r = rollout.prompt.shape[1], rollout.response.shape[1]
+    mask = response_mask(rollout.response_len, r)
+    prompt_mask = jnp.arange(p)[None, :] >= (p - rollout.prompt_len)[:, None]
+    tokens = jnp.concatenate([rollout.prompt, rollout.response], axis=1)
+    attention = jnp.concatenate([prompt_mask, mask], axis=1)
+
+    sg = jax.lax.stop_gradient
+    old_logp, entropy, old_values = _response_stats(spec, sg(state.params), tokens, attention,
+                                                    p, r, entropy=True, values=spec.is_ppo)
+    ref_logp = (_response_stats(spec, ref_params, tokens, attention, p, r)[0]
+                if spec.beta > 0 else jnp.zeros_like(old_logp))
+    adv, returns = cred.adv, jnp.zeros((mask.shape[0], 0))
+    if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
+        last = jax.nn.one_hot(rollout.response_len - 1, r) * mask
+        adv, returns = advantages.gae(rewards=last * cred.shaped.reshape(-1, 1),
+                                      values=old_values, mask=mask, gamma=spec.gamma,
+                                      lam=spec.gae_lambda)
+        if spec.normalize_std:  # whiten over the batch's valid tokens
+            mean = jnp.sum(adv * mask) / jnp.maximum(mask.sum(), 1)
+            var = jnp.sum(jnp.square(adv - mean) * mask) / jnp.maximum(mask.sum(), 1)
+            adv = jnp.where(mask, (adv - mean) / (jnp.sqrt(var) + spec.adv_eps), 0.0)
+    else:
+        old_values = jnp.zeros((mask.shape[0], 0))
+    batch = _Batch(tokens, attention, mask, rollout.response, old_logp, ref_logp, adv,
+                   old_values, returns)
+
+    metrics = diagnostics(spec, batch, rollout, entropy)
+
+    g = spec.group_size
+    n_groups = mask.shape[0] // g
+    per_update = n_groups // spec.minibatches
+
+    def one_update(st: TrainState, idx: jax.Array):
+        """idx: [groups of this minibatch]."""
+        rows = (idx[:, None] * g + jnp.arange(g)[None, :]).reshape(-1)
+        per_micro = rows.shape[0] // spec.microbatches
+        mb = jax.tree.map(
+            lambda x: x[rows].reshape(spec.microbatches, per_micro, *x.shape[1:]), batch)
+        grads, m = _gradients(spec, st.params, mb, p)
+        grad_norm = optax.global_norm(grads)
+        ok = jnp.isfinite(grad_norm) & jnp.isfinite(losses.safe_div(*m["pg_loss"]))
+        updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
+        params = optax.apply_updates(st.params, updates)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+        new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
+        return new, (losses.finalize_metrics(m), grad_norm, ~ok)
+
+    orders = []
+    for epoch in range(spec.epochs):
+        order = jnp.arange(n_groups)
+        if spec.minibatches > 1:
+            order = jax.random.permutation(jax.random.fold_in(key, epoch), n_groups)
+        orders.append(order.reshape(spec.minibatches, per_update))
+    orders = jnp.concatenate(orders, axis=0)  # [epochs * minibatches, groups per update]
+    state, (upd_metrics, grad_norms, skipped) = jax.lax.scan(one_update, state, orders)
+
+    metrics.update({k: v[0] for k, v in upd_metrics.items()})  # first update: on-policy view
+    metrics["grad_norm"] = grad_norms[0]
+    metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
+    state = state._replace(step=state.step + 1)
+    return state, metrics
+
+
+def diagnostics(spec: StepSpec, b: _Batch, rollout: Rollout,
+                entropy: jax.Array) -> dict[str, jax.Array]:
+    """Cancellation residual (DESIGN §5) of the on-policy gradient, entropy, log-prob mismatch."""
+    g = spec.group_size
+    r = b.mask.shape[1]
+    kw = _loss_kwargs(spec, b, b.old_logp)
+    w = losses.token_weights(spec.loss, **kw)
+    adv_tok = _token_adv(b.adv, r)
+    grouped = (_groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g))
+
+    def residual(weights, whole):
+        num, den = jax.vmap(lambda t, m, a, ww: cancellation.residual_terms(
+            t, m, a, ww, whole_group_only=whole))(*grouped, _groups(weights, g))
+        return losses.safe_div(num.sum(), den.sum())
+
+    out = {
+        "cancellation_residual": residual(w, False),
+        "cancellation_residual_whole": residual(w, True),
+    }
+    if spec.transform != "none":
+        w2 = jax.vmap(lambda t, m, a, ww: cancellation.apply_transform(
+            t, m, a, ww, transform=spec.transform))(*grouped, _groups(w, g)).reshape(w.shape)
+        out["cancellation_residual_transformed"] = residual(w2, False)
+    n_tok = jnp.maximum(b.mask.sum(), 1)
+    out["entropy"] = jnp.sum(jnp.where(b.mask, entropy, 0.0)) / n_tok
+    out["logprob_mismatch"] = jnp.sum(
+        jnp.where(b.mask, jnp.abs(rollout.sample_logp - b.old_logp), 0.0)) / n_tok
+    return out

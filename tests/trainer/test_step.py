@@ -1,0 +1,184 @@
+"""The jitted credit and update functions on hand-built rollouts with a tiny random Qwen3."""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ibpo_jax import config, models
+from ibpo_jax.trainer import step
+from ibpo_jax.trainer.state import init_state, make_optimizer
+
+NL = 3  # the delimiter token of these tests
+VOCAB = 16
+G = 4
+P, R = 4, 8
+
+
+def _tiny_model():
+    arch = models.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=16, rope_theta=10_000.0, tie_word_embeddings=True)
+    return arch
+
+
+ARCH = _tiny_model()
+
+
+def _spec(algo="ibpo_gspo", value_head=False, **overrides):
+    cfg = config.load(f"configs/{algo}.py:smoke", [(k, str(v)) for k, v in overrides.items()])
+    options = models.make_options(jnp.float32, value_head=value_head)
+    return cfg, step.StepSpec.from_config(cfg, ARCH, options)
+
+
+def _rollout(responses, rewards, *, prompt=(5, 6, 7)):
+    """responses: token lists (EOS = 2 appended to each); groups of G consecutive rows."""
+    n = len(responses)
+    resp = np.zeros((n, R), np.int32)
+    lens = np.zeros(n, np.int32)
+    for i, toks in enumerate(responses):
+        toks = [*toks, 2]
+        resp[i, : len(toks)] = toks
+        resp[i, len(toks):] = 9  # garbage past the length must not matter
+        lens[i] = len(toks)
+    pr = np.zeros((n, P), np.int32)
+    pr[:, P - len(prompt):] = prompt
+    rewards = np.asarray(rewards, np.float32)
+    return step.Rollout(
+        prompt=jnp.asarray(pr), prompt_len=jnp.full(n, len(prompt), jnp.int32),
+        response=jnp.asarray(resp), response_len=jnp.asarray(lens),
+        sample_logp=jnp.zeros((n, R)), reward=jnp.asarray(rewards),
+        correct=jnp.asarray(rewards > 0), ended=jnp.ones(n, bool))
+
+
+IS_DELIM = jnp.zeros(VOCAB, bool).at[NL].set(True)
+A, B, C, X, Y = 10, 11, 12, 13, 14
+# Group 0: two correct "A\nB\nC" (one with a trailing newline: same steps, another length),
+# one wrong that errs at its 3rd step, one that errs at once.
+GROUP0 = ([A, NL, B, NL, C], [A, NL, B, NL, X], [X, NL, Y], [A, NL, B, NL, C, NL])
+REWARDS0 = (1.0, -1.0, -1.0, 1.0)
+# Group 1: all wrong (φ = 0, constant group -> A = 0).
+GROUP1 = ([A, NL, X], [Y], [A, NL, B, NL, Y], [X, NL, X])
+REWARDS1 = (-1.0, -1.0, -1.0, -1.0)
+
+
+def _credit(spec, rollout):
+    return jax.jit(functools.partial(step.credit, spec))(rollout, IS_DELIM)
+
+
+def test_credit_phi_and_advantages_by_hand():
+    _, spec = _spec("ibpo_gspo")
+    cred, m = _credit(spec, _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1]))
+    # Row 1 keeps 2 of its 3 steps before the first error: φ = 2/3; row 2 errs at once: φ = 0.
+    np.testing.assert_allclose(cred.phi[0], [0, 2 / 3, 0, 0], atol=1e-6)
+    np.testing.assert_allclose(cred.phi[1], 0.0)
+    np.testing.assert_array_equal(cred.first_error[0, 1:3], [2, 0])
+    # r̃ = R + 0.5 φ = [1, -2/3, -1, 1]; mean 1/12; population std sqrt(mean(r̃²) - mean²).
+    shaped = np.array([1, -1 + 0.5 * 2 / 3, -1, 1])
+    std = np.sqrt(np.mean(shaped**2) - np.mean(shaped) ** 2)
+    np.testing.assert_allclose(cred.adv[:4], (shaped - shaped.mean()) / (std + 1e-6), rtol=1e-5)
+    np.testing.assert_array_equal(cred.adv[4:], 0.0)  # constant group: exactly 0
+    assert m["frac_groups_all_same"] == pytest.approx(0.5)
+    assert m["phi_mean"] == pytest.approx(1 / 3, rel=1e-5)  # wrong rows of group 0: (2/3 + 0)/2
+    assert m["accuracy"] == pytest.approx(0.25)
+
+
+def test_terminal_operator_is_plain_grpo():
+    _, spec = _spec("grpo")
+    cred, _ = _credit(spec, _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1]))
+    np.testing.assert_array_equal(cred.phi, 0.0)
+    np.testing.assert_allclose(cred.adv[:4], np.array(REWARDS0) / (1 + 1e-6), rtol=1e-6)
+
+
+def test_token_credit_gives_delta_per_token():
+    _, spec = _spec("ibpo_gspo", **{"ibpo.credit": "token"})
+    assert spec.loss == "gspo_token"
+    cred, _ = _credit(spec, _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1]))
+    adv = np.asarray(cred.adv)
+    assert adv.shape == (8, R)
+    # Row 1: tokens of its first two steps (A \n B \n) get R + λ·1, its erring step R + λ·0.
+    first, erring = adv[1, :4], adv[1, 4]
+    assert np.allclose(first, first[0]) and first[0] > erring
+    shaped = np.array([1, -1 + 0.5 * 2 / 3, -1, 1])
+    std = np.sqrt(np.mean(shaped**2) - np.mean(shaped) ** 2)
+    np.testing.assert_allclose(first[0], (-1 + 0.5 - shaped.mean()) / (std + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(erring, (-1 - shaped.mean()) / (std + 1e-6), rtol=1e-5)
+
+
+def _update(cfg, spec, rollout, params=None):
+    optimizer = make_optimizer(cfg.optim, total_updates=10)
+    if params is None:
+        params = models.init(ARCH, jax.random.key(0), value_head=spec.options.value_head).params
+    state = init_state(params, optimizer)
+    cred, _ = _credit(spec, rollout)
+    fn = jax.jit(functools.partial(step.update, spec, optimizer))
+    return fn(state, params, rollout, cred, jax.random.key(1))
+
+
+def test_microbatch_accumulation_is_exact():
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    cfg, spec = _spec("ibpo_grpo")
+    params = models.init(ARCH, jax.random.key(0)).params
+    whole, m1 = _update(cfg, spec, rollout, params)
+    split, m2 = _update(cfg, dataclasses.replace(spec, microbatches=2), rollout, params)
+    for a, b, c in zip(jax.tree.leaves(whole.params), jax.tree.leaves(split.params),
+                       jax.tree.leaves(params)):
+        assert not np.array_equal(a, c)  # the update moved every leaf
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
+    assert float(m1["grad_norm"]) == pytest.approx(float(m2["grad_norm"]), rel=1e-5)
+    assert float(m1["grad_norm"]) > 0  # on-policy (ratio 1) still carries gradient
+    assert int(whole.step) == 1
+
+
+def test_nonfinite_update_is_skipped():
+    cfg, spec = _spec("ibpo_gspo")
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0)).params
+    # One overflowing weight (as after a bf16 blow-up) makes the loss and gradients non-finite.
+    poisoned = {**params, "final_norm": params["final_norm"].at[0].set(jnp.inf)}
+    state, m = _update(cfg, spec, rollout, poisoned)
+    assert int(m["updates_skipped_nonfinite"]) == 1
+    assert not np.isfinite(float(m["grad_norm"]))
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(poisoned)):
+        np.testing.assert_array_equal(a, b)  # update skipped: params untouched
+    assert int(state.step) == 1  # the step still counts; the run continues
+    _, m = _update(cfg, spec, rollout, params)
+    assert int(m["updates_skipped_nonfinite"]) == 0
+
+
+def test_cancellation_diagnostics_and_min_replace():
+    # Responses share prefixes of several depths and have unequal lengths, so the 1/|y_i|
+    # weights of seq_mean_token_mean break exchangeability (DESIGN §5 M1).
+    cfg, spec = _spec("ibpo_grpo", **{"cancellation.transform": "min_replace"})
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    _, m = _update(cfg, spec, rollout)
+    assert float(m["cancellation_residual"]) > 0.01
+    assert float(m["cancellation_residual_transformed"]) < 1e-6
+    cfg, spec = _spec("ibpo_grpo", **{"loss.aggregation": "token_mean"})
+    _, m = _update(cfg, spec, rollout)
+    assert float(m["cancellation_residual"]) < 1e-6  # token_mean on-policy: exchangeable
+
+
+def test_ppo_update_trains_the_value_head():
+    cfg, spec = _spec("ibpo_ppo", value_head=True)
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0), value_head=True).params
+    state, m = _update(cfg, spec, rollout, params)
+    assert float(m["vf_loss"]) > 0
+    moved = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(state.params),
+                                                      jax.tree.leaves(params))]
+    assert all(moved)
+
+
+def test_learning_rate_schedule():
+    from ibpo_jax.trainer.state import learning_rate
+
+    cfg = config.load("configs/grpo.py:smoke", [("optim.lr", "1.0"), ("optim.warmup_steps", "4"),
+                                                 ("optim.schedule", "cosine")])
+    lr = learning_rate(cfg.optim, total_steps=12)
+    # Warm-up: (count + 1) / 4, then cosine over the remaining 8 updates.
+    np.testing.assert_allclose([float(lr(c)) for c in (0, 1, 3, 4, 8, 12)],
+                               [0.25, 0.5, 1.0, 1.0, 0.5, 0.0], atol=1e-6)
