@@ -43,11 +43,14 @@ def _attend(q: Array, k: Array, v: Array, bias: Array) -> Array:
 def _attend_fwd(q, k, v, bias):
     out, e, total = _forward(q, k, v, bias)
     out = out.astype(q.dtype)
-    return out, (q, k, v, bias, out, e, total)
+    # Only whether a whole row is masked is kept for the backward, not the [.., Q, S] bias:
+    # inside a row with some allowed key, masked entries already have p = 0 exactly.
+    row_masked = jnp.max(bias, axis=-1, keepdims=True) < NEG_INF / 2  # [B, 1, Q, 1]
+    return out, (q, k, v, row_masked, out, e, total)
 
 
 def _attend_bwd(res, d_out):
-    q, k, v, bias, out, e, total = res
+    q, k, v, row_masked, out, e, total = res
     p = e / total
     d_out32 = d_out.astype(jnp.float32)
     dv = jnp.einsum("BKQS,BKQH->BKSH", p.astype(v.dtype), d_out.astype(v.dtype),
@@ -58,7 +61,7 @@ def _attend_bwd(res, d_out):
     # Masked scores get no gradient, also in rows where every key is masked (there the
     # forward is a constant uniform average).
     delta = jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1, keepdims=True)
-    ds = jnp.where(bias < NEG_INF / 2, 0.0, p * (dp - delta)).astype(q.dtype)
+    ds = jnp.where(row_masked, 0.0, p * (dp - delta)).astype(q.dtype)
     dq = jnp.einsum("BKQS,BKSH->BKQH", ds, k, preferred_element_type=jnp.float32)
     dk = jnp.einsum("BKQS,BKQH->BKSH", ds, q, preferred_element_type=jnp.float32)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None  # bias: a mask

@@ -123,7 +123,13 @@ class Trainer:
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)
         # The policy gets its own buffers: updates donate them, the reference keeps the base's.
-        self.state = init_state(jax.tree.map(jnp.copy, self.base.params), self.optimizer)
+        state = init_state(jax.tree.map(jnp.copy, self.base.params), self.optimizer)
+        # Every leaf on the mesh (optimizer counters replicated), and the update keeps these
+        # layouts: a state that came back with other specs would recompile the next step.
+        self.state_shardings = jax.tree.map(
+            lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+            else NamedSharding(self.mesh, P()), state)
+        self.state = jax.device_put(state, self.state_shardings)
 
         self.train_records = self.task.split(cfg.task.train_split)
         records = self.eval_task.split(eval_split)
@@ -146,7 +152,7 @@ class Trainer:
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
         self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
         self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
-                                 donate_argnums=0)
+                                 donate_argnums=0, out_shardings=(self.state_shardings, None))
         self.seed_key = jax.random.key(cfg.seed)
         self.pool = reward_pool(cfg, self.task.reward)
         self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
@@ -182,7 +188,8 @@ class Trainer:
     def rl_step(self, s: int) -> dict[str, float]:
         """RL step `s` (1-based): updates the state, returns the step's metrics."""
         cfg, tok, g = self.cfg, self.tokenizer, self.cfg.rollout.group_size
-        gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
+        with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
+            gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
 
         t0 = time.perf_counter()
         b_local = cfg.rollout.prompts_per_step // jax.process_count()

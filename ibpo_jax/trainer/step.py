@@ -105,6 +105,11 @@ class StepSpec:
     def is_ppo(self) -> bool:
         return self.loss == "ppo"
 
+    @property
+    def single_update(self) -> bool:
+        """One optimizer update per rollout: π_old is the policy being differentiated."""
+        return self.epochs * self.minibatches == 1 and not self.is_ppo
+
 
 def response_mask(lengths: jax.Array, width: int) -> jax.Array:
     return jnp.arange(width)[None, :] < lengths[:, None]  # [N, R]
@@ -202,7 +207,8 @@ class _Batch(NamedTuple):
     attention: jax.Array  # [N, P + R]
     mask: jax.Array  # [N, R]
     response: jax.Array  # [N, R]
-    old_logp: jax.Array  # [N, R]
+    sample_logp: jax.Array  # [N, R] the sampler's log-probs (for the mismatch metric)
+    old_logp: jax.Array  # [N, R], or [N, 0] when π_old is the policy itself (single update)
     ref_logp: jax.Array  # [N, R] (zeros when β = 0)
     adv: jax.Array  # [N] or [N, R]
     old_values: jax.Array  # [N, R] (PPO) or [N, 0]
@@ -220,8 +226,9 @@ def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: i
     return cut(out.logprobs), cut(out.entropy), vals
 
 
-def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array) -> dict[str, Any]:
-    return dict(logp=logp, old_logp=b.old_logp, adv=b.adv, mask=b.mask,
+def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
+                 ) -> dict[str, Any]:
+    return dict(logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask,
                 ref_logp=b.ref_logp if spec.beta > 0 else None, beta=spec.beta,
                 kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
                 clip_eps_low=spec.clip_eps_low, clip_eps_high=spec.clip_eps_high,
@@ -232,26 +239,67 @@ def _token_adv(adv: jax.Array, width: int) -> jax.Array:
     return jnp.broadcast_to(adv[:, None], (adv.shape[0], width)) if adv.ndim == 1 else adv
 
 
+def _per_group(spec: StepSpec, fn, b: _Batch, weights: jax.Array):
+    """vmaps fn(tokens, mask, adv, weights) of one group over the groups of b."""
+    g = spec.group_size
+    adv_tok = _token_adv(b.adv, b.mask.shape[1])
+    return jax.vmap(fn)(_groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g),
+                        _groups(weights, g))
+
+
+def _transformed(spec: StepSpec, b: _Batch, weights: jax.Array) -> jax.Array:
+    w = _per_group(spec, lambda t, m, a, w: cancellation.apply_transform(
+        t, m, a, w, transform=spec.transform), b, weights)
+    return w.reshape(weights.shape)
+
+
+def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array,
+                 entropy: jax.Array) -> dict[str, losses.Stat]:
+    """DESIGN §5 cancellation residuals of the on-policy gradient (ratio 1), entropy and the
+    sampler-vs-trainer log-prob mismatch, as Stats that add up over micro-batches."""
+    sg = jax.lax.stop_gradient
+    old_logp, entropy = sg(old_logp), sg(entropy)
+    w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
+
+    def residual(weights, whole):
+        num, den = _per_group(spec, lambda t, m, a, ww: cancellation.residual_terms(
+            t, m, a, ww, whole_group_only=whole), b, weights)
+        return losses.Stat(num.sum(), den.sum())
+
+    n_tok = b.mask.sum().astype(jnp.float32)
+    out = {
+        "cancellation_residual": residual(w, False),
+        "cancellation_residual_whole": residual(w, True),
+        "entropy": losses.Stat(jnp.sum(jnp.where(b.mask, entropy, 0.0)), n_tok),
+        "logprob_mismatch": losses.Stat(
+            jnp.sum(jnp.where(b.mask, jnp.abs(b.sample_logp - old_logp), 0.0)), n_tok),
+    }
+    if spec.transform != "none":
+        out["cancellation_residual_transformed"] = residual(_transformed(spec, b, w), False)
+    return out
+
+
 def _micro_loss(spec: StepSpec, params: Any, b: _Batch, p: int):
     """(num, (den, metrics)) of one micro-batch of whole groups."""
     r = b.mask.shape[1]
-    logp, _, values = _response_stats(spec, params, b.tokens, b.attention, p, r,
-                                      values=spec.is_ppo)
-    kw = _loss_kwargs(spec, b, logp)
+    single = spec.single_update
+    logp, entropy, values = _response_stats(spec, params, b.tokens, b.attention, p, r,
+                                            entropy=single, values=spec.is_ppo)
+    # One update per rollout: π_old is the current policy, so this very pass is the trainer's
+    # recomputation of the old log-probs (no separate forward pass).
+    old_logp = jax.lax.stop_gradient(logp) if single else b.old_logp
+    kw = _loss_kwargs(spec, b, logp, old_logp)
     out = LOSSES.get(spec.loss, key="config.loss.name")(**kw)
     num = out.num
     if spec.transform != "none":
-        w = losses.token_weights(spec.loss, **kw)
-        g = spec.group_size
-        adv_tok = _token_adv(b.adv, r)
-        w = jax.vmap(lambda t, m, a, ww: cancellation.apply_transform(
-            t, m, a, ww, transform=spec.transform))(
-            _groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g), _groups(w, g))
+        w = _transformed(spec, b, losses.token_weights(spec.loss, **kw))
         num, _ = cancellation.reweighted_loss(
-            logp=logp, adv=b.adv, weights=w.reshape(logp.shape), mask=b.mask,
-            ref_logp=kw["ref_logp"], beta=spec.beta, kl_estimator=spec.kl_estimator,
-            aggregation=spec.aggregation, norm_const=spec.norm_const)
+            logp=logp, adv=b.adv, weights=w, mask=b.mask, ref_logp=kw["ref_logp"],
+            beta=spec.beta, kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
+            norm_const=spec.norm_const)
     metrics = dict(out.metrics)
+    if single:
+        metrics.update(_diagnostics(spec, b, old_logp, entropy))
     if spec.is_ppo:
         vl = losses.value_loss(values=values, old_values=b.old_values, returns=b.returns,
                                mask=b.mask, clip_eps=spec.value_clip,
@@ -287,13 +335,18 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     prompt_mask = jnp.arange(p)[None, :] >= (p - rollout.prompt_len)[:, None]
     tokens = jnp.concatenate([rollout.prompt, rollout.response], axis=1)
     attention = jnp.concatenate([prompt_mask, mask], axis=1)
+    n = mask.shape[0]
 
     sg = jax.lax.stop_gradient
-    old_logp, entropy, old_values = _response_stats(spec, sg(state.params), tokens, attention,
-                                                    p, r, entropy=True, values=spec.is_ppo)
     ref_logp = (_response_stats(spec, ref_params, tokens, attention, p, r)[0]
-                if spec.beta > 0 else jnp.zeros_like(old_logp))
-    adv, returns = cred.adv, jnp.zeros((mask.shape[0], 0))
+                if spec.beta > 0 else jnp.zeros(mask.shape))
+    empty = jnp.zeros((n, 0))
+    old_logp, entropy, old_values = empty, None, empty
+    if not spec.single_update:  # π_old is frozen across several updates: one pass up front
+        old_logp, entropy, values = _response_stats(
+            spec, sg(state.params), tokens, attention, p, r, entropy=True, values=spec.is_ppo)
+        old_values = empty if values is None else values
+    adv, returns = cred.adv, empty
     if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
         last = jax.nn.one_hot(rollout.response_len - 1, r) * mask
         adv, returns = advantages.gae(rewards=last * cred.shaped.reshape(-1, 1),
@@ -303,15 +356,12 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
             mean = jnp.sum(adv * mask) / jnp.maximum(mask.sum(), 1)
             var = jnp.sum(jnp.square(adv - mean) * mask) / jnp.maximum(mask.sum(), 1)
             adv = jnp.where(mask, (adv - mean) / (jnp.sqrt(var) + spec.adv_eps), 0.0)
-    else:
-        old_values = jnp.zeros((mask.shape[0], 0))
-    batch = _Batch(tokens, attention, mask, rollout.response, old_logp, ref_logp, adv,
-                   old_values, returns)
-
-    metrics = diagnostics(spec, batch, rollout, entropy)
+    batch = _Batch(tokens, attention, mask, rollout.response, rollout.sample_logp, old_logp,
+                   ref_logp, adv, old_values, returns)
+    diagnostics = {} if spec.single_update else _diagnostics(spec, batch, old_logp, entropy)
 
     g = spec.group_size
-    n_groups = mask.shape[0] // g
+    n_groups = n // g
     per_update = n_groups // spec.minibatches
 
     def one_update(st: TrainState, idx: jax.Array):
@@ -338,38 +388,13 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     orders = jnp.concatenate(orders, axis=0)  # [epochs * minibatches, groups per update]
     state, (upd_metrics, grad_norms, skipped) = jax.lax.scan(one_update, state, orders)
 
-    metrics.update({k: v[0] for k, v in upd_metrics.items()})  # first update: on-policy view
-    metrics["grad_norm"] = grad_norms[0]
+    metrics = losses.finalize_metrics(diagnostics)
+    # Over the step's updates: the first one is on-policy (ratio 1, nothing clipped), the later
+    # ones show how far the minibatch updates move the policy.
+    reduce = lambda k: jnp.min if k.endswith("_min") else jnp.max if k.endswith("_max") \
+        else jnp.mean
+    metrics.update({k: reduce(k)(v) for k, v in upd_metrics.items()})
+    metrics["grad_norm"] = jnp.mean(grad_norms)
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
     state = state._replace(step=state.step + 1)
     return state, metrics
-
-
-def diagnostics(spec: StepSpec, b: _Batch, rollout: Rollout,
-                entropy: jax.Array) -> dict[str, jax.Array]:
-    """Cancellation residual (DESIGN §5) of the on-policy gradient, entropy, log-prob mismatch."""
-    g = spec.group_size
-    r = b.mask.shape[1]
-    kw = _loss_kwargs(spec, b, b.old_logp)
-    w = losses.token_weights(spec.loss, **kw)
-    adv_tok = _token_adv(b.adv, r)
-    grouped = (_groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g))
-
-    def residual(weights, whole):
-        num, den = jax.vmap(lambda t, m, a, ww: cancellation.residual_terms(
-            t, m, a, ww, whole_group_only=whole))(*grouped, _groups(weights, g))
-        return losses.safe_div(num.sum(), den.sum())
-
-    out = {
-        "cancellation_residual": residual(w, False),
-        "cancellation_residual_whole": residual(w, True),
-    }
-    if spec.transform != "none":
-        w2 = jax.vmap(lambda t, m, a, ww: cancellation.apply_transform(
-            t, m, a, ww, transform=spec.transform))(*grouped, _groups(w, g)).reshape(w.shape)
-        out["cancellation_residual_transformed"] = residual(w2, False)
-    n_tok = jnp.maximum(b.mask.sum(), 1)
-    out["entropy"] = jnp.sum(jnp.where(b.mask, entropy, 0.0)) / n_tok
-    out["logprob_mismatch"] = jnp.sum(
-        jnp.where(b.mask, jnp.abs(rollout.sample_logp - b.old_logp), 0.0)) / n_tok
-    return out

@@ -47,9 +47,11 @@ def test_every_config_runs_a_few_steps(algo, data_dir, tmp_path):
         assert REQUIRED <= set(row), REQUIRED - set(row)
         assert all(not isinstance(v, str) for v in row.values()), row  # no NaN / inf
         assert row["budget_trajectories"] == row["step"] * 16
+    # The smoke base solves about a third of the problems: groups are mixed, so the credit
+    # path runs on real data (a φ of 0 everywhere would make IBPO's checks vacuous).
+    assert any(0 < r["accuracy"] < 1 for r in rows[1:])
     if algo.startswith("ibpo_"):
-        assert any(r["phi_mean"] > 0 for r in rows[1:]) or all(
-            r["frac_groups_all_same"] == 1 for r in rows[1:])
+        assert any(r["phi_mean"] > 0 for r in rows[1:])
     else:
         assert all(r["phi_mean"] == 0 for r in rows[1:])
     assert (tmp_path / "summary.md").exists() and (tmp_path / "hf_final" / "config.json").exists()
@@ -74,7 +76,9 @@ def uninterrupted(data_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
     cmd, env = _train_cmd(workdir, data_dir, 1)
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    return read_metrics(workdir / "metrics.jsonl")
+    rows = read_metrics(workdir / "metrics.jsonl")
+    assert any(r.get("phi_mean", 0) > 0 for r in rows)  # the runs compared below do learn
+    return rows
 
 
 def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, data_dir, tmp_path):
