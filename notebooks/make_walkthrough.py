@@ -35,7 +35,7 @@ wrong step, which φ's alignment should recover."""),
     "37+48=85\\n85-19=66\\n66*2=132\\nAnswer: 1320",           # wrong at the answer line
 ]
 checks = [arith.check(r, record) for r in responses]
-for r, c in zip(responses, checks):
+for c in checks:
     print(f"correct={c.correct!s:5}  first wrong step={c.first_wrong_step}")"""),
     ("code", """tok = CharTokenizer()
 T = 64
