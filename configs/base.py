@@ -60,6 +60,8 @@ def base() -> ml_collections.ConfigDict:
         param_dtype="float32",
         remat="none",  # layer rematerialization: "none", "dots" (keep matmul outputs), "full"
         scan_layers=False,
+        logits_chunk=0,  # > 0: log-probs over chunks of this many positions, so the
+        # [rows, T, vocab] float32 logits never exist whole (large vocabularies); 0 = in one go
         tiny=dict(
             hidden_size=128,
             intermediate_size=384,
@@ -127,7 +129,6 @@ def base() -> ml_collections.ConfigDict:
     c.mesh = dict(data=-1, fsdp=1, tensor=1)  # -1 = all remaining devices
     c.train = dict(
         steps=400,
-        log_every=1,
         eval_every=50,
         checkpoint_every=50,
         keep_checkpoints=3,
@@ -163,6 +164,7 @@ def _qwen3_math(c: ml_collections.ConfigDict, size: str) -> None:
     c.model.param_dtype = "float32"
     c.model.remat = "dots"
     c.model.scan_layers = True
+    c.model.logits_chunk = 1024
     c.rollout.prompts_per_step = 128
     c.rollout.group_size = 8
     c.rollout.max_prompt_len = 1024

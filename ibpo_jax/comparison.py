@@ -12,6 +12,11 @@ such call, and a vmap over groups merges all groups' pairs into the same single 
 
 Step units (`split_steps`) are hashed on device to one int32 per step (see `_hash_steps` for the
 collision rate). Ties in the max over j go to the lowest j.
+
+Per-unit credit Δ (DESIGN §2): for `lcs_first_error`, 1 on the units before the first error of
+the best match and 0 from it on (mean f/n = φ); for `lcs` and `edit_distance`, whose φ is not a
+prefix length, Δ = φ on every unit, so that mean Δ = φ still holds and `credit="token"` reduces
+to sequence credit.
 """
 
 from __future__ import annotations
@@ -237,7 +242,8 @@ class Phi(NamedTuple):
 
 
 def _group_pairs(units, n_units):
-    """All G x G (pattern i, text j) pairs of a group -> (lcs, first_error, lev) [G, G]."""
+    """All G x G (pattern i, text j) pairs of a group, flattened row-major: (a, b, a_len,
+    b_len) with a, b [G*G, U] and the lengths [G*G]."""
     g, n = units.shape
     a = jnp.broadcast_to(units[:, None, :], (g, g, n)).reshape(g * g, n)
     b = jnp.broadcast_to(units[None, :, :], (g, g, n)).reshape(g * g, n)
@@ -283,7 +289,8 @@ def _with_delta(phi: Phi, n_slots: int, n_units, *, first_error_delta: bool) -> 
         delta = (slot < phi.first_error[:, None]) & in_unit & (phi.phi[:, None] > 0)
         delta = delta.astype(jnp.float32)
     else:
-        # no alignment comes out of the bit-parallel pass, so the credit is spread uniformly
+        # `lcs` / `edit_distance`: φ is not a prefix length, so a prefix indicator would not
+        # average to φ; the credit is spread uniformly (mean Δ = φ, token credit = sequence).
         delta = jnp.where(in_unit, phi.phi[:, None], 0.0)
     return phi._replace(delta=delta)
 

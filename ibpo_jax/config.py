@@ -70,6 +70,7 @@ class ModelConfig:
     param_dtype: str
     remat: str
     scan_layers: bool
+    logits_chunk: int
     tiny: TinyModelConfig
 
 
@@ -153,7 +154,6 @@ class MeshConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainLoopConfig:
     steps: int
-    log_every: int
     eval_every: int
     checkpoint_every: int
     keep_checkpoints: int
@@ -367,7 +367,7 @@ def _validate(c: RunConfig) -> None:
     positive = [
         "rollout.prompts_per_step", "rollout.group_size", "rollout.max_prompt_len",
         "rollout.max_new_tokens", "ibpo.max_units", "optim.epochs", "optim.minibatches",
-        "optim.microbatches", "train.steps", "train.log_every", "train.eval_every",
+        "optim.microbatches", "train.steps", "train.eval_every",
         "train.checkpoint_every", "train.keep_checkpoints", "eval.num_prompts", "eval.samples",
         "warm_start.steps", "warm_start.batch_size", "task.arith.num_steps", "task.arith.digits",
     ]
@@ -377,7 +377,7 @@ def _validate(c: RunConfig) -> None:
     nonneg = ["ibpo.lam", "loss.beta", "loss.clip_eps_low", "loss.clip_eps_high",
               "optim.lr", "optim.warmup_steps", "optim.grad_clip", "optim.weight_decay",
               "advantage.eps", "rollout.temperature", "eval.temperature", "rollout.top_k",
-              "loss.norm_const", "reward.num_workers", "advantage.ddof"]
+              "loss.norm_const", "reward.num_workers", "advantage.ddof", "model.logits_chunk"]
     for key in nonneg:
         if flat[key] < 0:
             raise ConfigError(f"config.{key}={flat[key]} must be >= 0")

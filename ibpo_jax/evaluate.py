@@ -40,13 +40,15 @@ def load_policy(cfg: config_lib.RunConfig, path: Path, *, task: Any, tokenizer: 
     else:
         raise FileNotFoundError(f"--checkpoint {path}: neither an HF directory, a run workdir "
                                 "nor an orbax checkpoint step directory")
-    base = policy.load_base(cfg, task=task, tokenizer=tokenizer, mesh=mesh, log=print)
-    ckpt = Checkpointer(ckpt_dir, every=1, keep=1_000_000)
+    ckpt = Checkpointer(ckpt_dir, read_only=True)  # the run may still be writing
     step = ckpt.latest_step() if step is None else step
     if step is None:
         raise FileNotFoundError(f"--checkpoint {path}: no checkpoint in {ckpt_dir}")
-    # The run's state layout (its optimizer state included) is the restore target.
-    optimizer = make_optimizer(cfg.optim, total_updates=max(cfg.train.steps, 1))
+    # The run's own config fixes the state layout (model size, value head, optimizer state);
+    # --config only chooses how to evaluate.
+    run_cfg = config_lib.from_dict(ckpt.meta(step)["config"])
+    base = policy.load_base(run_cfg, task=task, tokenizer=tokenizer, mesh=mesh, log=print)
+    optimizer = make_optimizer(run_cfg.optim, total_updates=max(run_cfg.train.steps, 1))
     state, _ = ckpt.restore(step, init_state(base.params, optimizer))
     ckpt.close()
     print(f"restored {ckpt_dir}/{step}", flush=True)
@@ -57,6 +59,7 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
                         benchmarks: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
     """{benchmark: metrics}; benchmarks = [(task name, path)], [] = the config's eval task on
     its test split."""
+    sharding.initialize_distributed(cfg.train.distributed)
     mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
     tokenizer = loop.build_tokenizer(cfg)
     train_task, eval_task, _ = loop.train_and_eval_tasks(cfg, tokenizer)

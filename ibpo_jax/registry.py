@@ -38,9 +38,13 @@ class Registry(Generic[T]):
 
     def _load(self) -> None:
         if not self._loaded:
-            self._loaded = True
-            for module in self._modules:
-                importlib.import_module(module)
+            self._loaded = True  # set first: the imported modules may look entries up
+            try:
+                for module in self._modules:
+                    importlib.import_module(module)
+            except BaseException:
+                self._loaded = False  # a failed import must fail again, not list no entries
+                raise
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:

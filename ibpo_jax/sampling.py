@@ -95,19 +95,30 @@ def sample_inverse_cdf(x: Array, rng: Array) -> tuple[Array, Array]:
     block masses, then a token inside it): exact up to float32 rounding of the partial sums,
     and on CPU ~10x cheaper than Gumbel-max, which needs V random numbers per row.
     """
+    return inverse_cdf(x, jax.random.uniform(rng, (x.shape[0], 1)))
+
+
+def inverse_cdf(x: Array, uniform: Array) -> tuple[Array, Array]:
+    """The token where the cumulative probability of softmax(x) first reaches 1 - uniform:
+    x [B, V], uniform [B, 1] in [0, 1). Never returns a zero-mass token, even where the float32
+    partial sums of the two levels disagree by rounding."""
     b, v = x.shape
     n = -(-v // _BLOCK)
     top = jnp.max(x, axis=-1, keepdims=True)
     p = jnp.pad(jnp.exp(x - top), ((0, 0), (0, n * _BLOCK - v))).reshape(b, n, _BLOCK)
-    block_mass = jnp.sum(p, axis=-1)
+    block_mass = jnp.sum(p, axis=-1)  # [B, n]
     block_cdf = jnp.cumsum(block_mass, axis=-1)
     total = block_cdf[:, -1:]
-    u = (1.0 - jax.random.uniform(rng, (b, 1))) * total  # in (0, total]: never a 0-mass token
-    blk = jnp.minimum(jnp.sum(block_cdf < u, axis=-1), n - 1)
+    u = (1.0 - uniform) * total  # in (0, total]
+    # u > 0 skips leading zero-mass blocks; a block whose cdf rises has mass > 0.
+    blk = jnp.minimum(jnp.sum(block_cdf < u, axis=-1), n - 1)  # [B]
     before = (jnp.take_along_axis(block_cdf, blk[:, None], axis=1)
               - jnp.take_along_axis(block_mass, blk[:, None], axis=1))
-    row = jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0]
-    within = jnp.minimum(jnp.sum(jnp.cumsum(row, axis=-1) + before < u, axis=-1), _BLOCK - 1)
+    row_cdf = jnp.cumsum(jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0], axis=-1)
+    # Clipped into (0, block mass]: `before` can exceed the previous block's cdf by rounding,
+    # and u - before <= 0 would pick the block's first token whatever its mass.
+    u_in = jnp.clip(u - before, jnp.finfo(jnp.float32).tiny, row_cdf[:, -1:])
+    within = jnp.minimum(jnp.sum(row_cdf < u_in, axis=-1), _BLOCK - 1)
     tokens = blk * _BLOCK + within
     logp = (jnp.take_along_axis(x, tokens[:, None], axis=-1) - top - jnp.log(total))[:, 0]
     return tokens, logp
@@ -276,6 +287,8 @@ def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: i
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens}")
     if int(num_samples) != num_samples or num_samples < 1:
         raise ValueError(f"num_samples must be an int >= 1, got {num_samples}")
+    if top_k > config.vocab_size:
+        raise ValueError(f"top_k={top_k} exceeds the vocabulary size {config.vocab_size}")
     return _compiled(_Sampler(config, options, int(max_new_tokens),
                               make_strategy(temperature=temperature, top_k=top_k, top_p=top_p),
                               tuple(int(e) for e in eos_ids), int(num_samples), int(pad_id),
@@ -332,4 +345,4 @@ def generate(m: Qwen3LM, prompts: Any, prompt_lens: Any, *, max_new_tokens: int,
 
 
 __all__ = ["Categorical", "DecodeState", "GenerateFn", "Greedy", "SampleOutput", "TopK", "TopP",
-           "generate", "generate_fn", "make_strategy", "sample_inverse_cdf"]
+           "generate", "generate_fn", "inverse_cdf", "make_strategy", "sample_inverse_cdf"]

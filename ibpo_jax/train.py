@@ -35,11 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    if cfg.train.distributed:
-        import jax
-
-        jax.distributed.initialize()  # multi-host: coordinator from the cluster environment
+    from ibpo_jax import sharding  # jax is imported only once the config is known good
     from ibpo_jax.trainer import loop
+
+    # Multi-host: the coordinator comes from the cluster environment.
+    sharding.initialize_distributed(cfg.train.distributed)
 
     loop.run(cfg, workdir=args.workdir)
     return 0

@@ -79,6 +79,20 @@ def test_scanned_layers_sample_the_same(hf_and_path, prompts, greedy):
     np.testing.assert_allclose(out.logprobs, greedy.logprobs, atol=1e-5)
 
 
+def test_bf16_scanned_layers_sample_like_a_bf16_forward_pass(hf_and_path, prompts):
+    """The paper presets' setting: bf16 compute with nn.scan over layers. Decode attention
+    must hand back the compute dtype (the scan carry), and the sampler's log-probs must be
+    those of a bf16 forward pass, up to bf16 rounding."""
+    tokens, _, lens = prompts
+    m = models.load_hf(hf_and_path[1], dtype=jnp.bfloat16, param_dtype=jnp.float32,
+                       scan_layers=True)
+    out = sampling.generate(m, tokens, lens, max_new_tokens=N, temperature=1.0,
+                            rng=jax.random.key(3))
+    assert np.isfinite(np.asarray(out.logprobs)).all()
+    again = _recomputed_logprobs(m, tokens, lens, out)
+    np.testing.assert_allclose(out.logprobs, again, atol=0.1)
+
+
 def test_num_samples_share_the_prompt_and_are_prompt_major(model, prompts):
     tokens, _, lens = prompts
     out = sampling.generate(model, tokens, lens, max_new_tokens=N, temperature=0.7,
@@ -176,10 +190,37 @@ def test_inverse_cdf_sampler_has_the_right_distribution():
     np.testing.assert_allclose(np.asarray(logp), np.log(probs[np.asarray(tokens)]), atol=1e-5)
 
 
+def test_inverse_cdf_never_returns_a_filtered_token_at_rounding_boundaries():
+    """At a block boundary the float32 sums of the two levels can disagree by an ulp (block
+    cdf - block mass > previous block's cdf); a uniform landing in between must not pick the
+    block's first token when it is filtered out. (Picking "first token with cdf + before >= u"
+    returned the -inf token for row 2 of this draw.)"""
+    rng = np.random.default_rng(0)
+    xs = (rng.normal(size=(16, 256)) * 3).astype(np.float32)
+    xs[:, 128] = -np.inf  # the first token of block 1 is filtered out (top-k / top-p)
+    rows, uniforms = [], []
+    for x in xs:  # every float32 uniform within 300 ulps of the block boundary
+        p = np.exp(x - x.max())
+        center = np.float32(1.0 - p[:128].sum() / p.sum())
+        up, down = center.copy(), center.copy()
+        sweep = [center]
+        for _ in range(300):
+            up, down = np.nextafter(up, np.float32(1)), np.nextafter(down, np.float32(0))
+            sweep += [up, down]
+        rows += [x] * len(sweep)
+        uniforms += sweep
+    tokens, logp = jax.jit(sampling.inverse_cdf)(jnp.asarray(np.stack(rows)),
+                                                 jnp.asarray(np.array(uniforms)[:, None]))
+    assert np.isfinite(np.asarray(logp)).all()
+    assert 128 not in set(np.asarray(tokens).tolist())
+    assert {0, 1} <= set((np.asarray(tokens) // 128).tolist())  # both sides of the boundary
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_k=-2), "top_k"),
+    (dict(top_k=10**6), "top_k=1000000 exceeds the vocabulary"),
     (dict(max_new_tokens=0), "max_new_tokens"),
     (dict(num_samples=0), "num_samples"),
     (dict(prompt_lens=np.array([0, 3, 5, 1])), "prompt_lens"),

@@ -8,8 +8,9 @@ a PreTrainedTokenizerFast, checked id for id on every prompt); the same 16 promp
 64 new tokens, temperature 1, lr 1e-6 (AdamW, constant, grad clip 1.0), beta = 0.01 (k3), fp32.
 One step = sample 128 completions, score them (arith checker -> {-1, +1}), one optimizer update.
 
-- ours: `Trainer.rl_step` with configs/gspo.py and configs/ibpo_gspo.py (ibpo_gspo adds φ). Its
-  update computes old log-probs (+ entropy), reference log-probs and one forward + backward.
+- ours: `Trainer.rl_step` with configs/gspo.py and configs/ibpo_gspo.py (ibpo_gspo adds φ). With
+  one update per rollout batch its update is a reference log-prob pass + one policy forward /
+  backward whose detached log-probs serve as the old ones (+ entropy and diagnostics).
 - TRL: `GRPOTrainer` with importance_sampling_level="sequence" (GSPO), loss_type="grpo"
   (sequence mean of token means, as ours), epsilon 3e-4 / 4e-4, group-std scaling, no vLLM,
   use_bias_correction_kl=False (ours does not weight the KL by the ratio), gradient
@@ -18,9 +19,8 @@ One step = sample 128 completions, score them (arith checker -> {-1, +1}), one o
   generate + reference forward + policy forward/backward + AdamW.
 
 Timing: wall clock per step; the first `--warmup` steps of each side are not timed (ours
-compiles at step 1 and, while the update's output shardings differ from its inputs', again at
-step 2); the median of the rest is reported. Compile time is measured exactly, per step, from
-jax.monitoring's compile events. TRL is timed with a TrainerCallback (on_step_begin ..
+compiles at step 1); the median of the rest is reported. Compile time is measured exactly, per
+step, from jax.monitoring's compile events. TRL is timed with a TrainerCallback (on_step_begin ..
 on_step_end) and broken down by wrapping model.generate, the log-prob function (no grad =
 reference pass, grad = policy forward), accelerator.backward and the optimizer callbacks.
 `--profile` adds a breakdown of our update: its log-prob passes, forward + backward, optimizer
@@ -179,8 +179,10 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
                 rows.append(m)
                 f = step_flops(n_params, prompt_lens[s - 1],
                                round(m["response_len_mean"] * PROMPTS * G))
-                flops.append(f["generate"] + 2 * f["logprob_pass"] + f["fwd_bwd"])  # old + ref
-                old_pass.append(f["logprob_pass"])
+                # Reference pass, plus a separate old-log-prob pass only with several updates.
+                passes = 1 if trainer.spec.single_update else 2
+                flops.append(f["generate"] + passes * f["logprob_pass"] + f["fwd_bwd"])
+                old_pass.append((passes - 1) * f["logprob_pass"])
             prof = (profile_update(trainer, update, trainer.state, *captured["args"])
                     if profile else None)
         finally:
@@ -196,9 +198,9 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
         response_len_mean=statistics.mean(r["response_len_mean"] for r in rows),
         accuracy=statistics.mean(r["accuracy"] for r in rows),
     )
-    # Counting only the work TRL does (no old-log-prob pass) in our time.
-    out["mfu_without_old_pass"] = _summary(
-        times, [f - o for f, o in zip(flops, old_pass)], args.warmup, peak)["mfu"]
+    if any(old_pass):  # counting only the work TRL does (no old-log-prob pass) in our time
+        out["mfu_without_old_pass"] = _summary(
+            times, [f - o for f, o in zip(flops, old_pass)], args.warmup, peak)["mfu"]
     if prof:
         out["update_profile"] = prof
     return out
@@ -260,8 +262,10 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
 
         whole()
         out["update_total"] = best_time(whole, 3, 1)
-    out["update_other"] = out["update_total"] - sum(
-        out[k] for k in ("logprob_pass_with_entropy", "logprob_pass", "fwd_bwd", "optimizer"))
+    # The update's own parts: a separate old pass (with entropy) only with several updates.
+    own = ("logprob_pass", "fwd_bwd", "optimizer") + (
+        () if trainer.spec.single_update else ("logprob_pass_with_entropy",))
+    out["update_other"] = out["update_total"] - sum(out[k] for k in own)
     out["xla_cost_analysis"] = cost
     out["shape_rows_x_cols"] = [n, t]
     return out
@@ -425,7 +429,8 @@ def main():
         "ours_breakdown": {a: r["breakdown"] for a, r in ours.items()},
         "trl_breakdown": trl["breakdown"],
         "ours_mfu": {a: r["mfu"] for a, r in ours.items()},
-        "ours_mfu_without_old_pass": {a: r["mfu_without_old_pass"] for a, r in ours.items()},
+        "ours_mfu_without_old_pass": {a: r["mfu_without_old_pass"] for a, r in ours.items()
+                                      if "mfu_without_old_pass" in r},
         "trl_mfu": trl["mfu"],
         "matmul_gflops": peak,
         "flop_limit_s": {  # the timed steps' median model FLOPs at the faster matmul rate

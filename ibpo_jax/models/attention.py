@@ -98,6 +98,7 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
     """
     b, kk, h, p = prompt_k.shape
     r, g, n = q.shape[0] // b, q.shape[2], gen_k.shape[3]
+    out_dtype = q.dtype  # the compute dtype: the residual stream must keep it (nn.scan carry)
     q = (q * h ** -0.5).reshape(b, r, kk, g, h, 1).astype(jnp.float32)
     gen_k = gen_k.reshape(b, r, kk, 1, h, n)
     gen_v = gen_v.reshape(b, r, kk, 1, n, h)
@@ -111,4 +112,4 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
     total = jnp.sum(e_prompt, axis=-1, keepdims=True) + jnp.sum(e_gen, axis=-1, keepdims=True)
     out = (jnp.sum(e_prompt[..., None] * prompt_v[:, None, :, None], axis=-2)
            + jnp.sum(e_gen[..., None] * gen_v, axis=-2)) / total
-    return out.reshape(b * r, kk, g, h).astype(q.dtype)
+    return out.reshape(b * r, kk, g, h).astype(out_dtype)

@@ -17,17 +17,23 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-    """Saves every `every` steps into `directory`, keeping the last `keep`."""
+    """Saves every `every` steps into `directory`, keeping the last `keep`.
 
-    def __init__(self, directory: str | Path, *, every: int, keep: int):
+    `read_only` (evaluation of a possibly live run) never creates, deletes or cleans anything:
+    the temporary directory of a save in progress is left alone.
+    """
+
+    def __init__(self, directory: str | Path, *, every: int = 1, keep: int = 1,
+                 read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.every = every
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep,
-            create=True,
+            max_to_keep=None if read_only else keep,
+            create=not read_only,
+            read_only=read_only,
             # Synchronous saves: the next step donates the buffers that are being written.
             enable_async_checkpointing=False,
-            cleanup_tmp_directories=True,  # leftovers of a run killed mid-save
+            cleanup_tmp_directories=not read_only,  # leftovers of a run killed mid-save
         )
         self._manager = ocp.CheckpointManager(self.directory, options=options)
 
@@ -45,6 +51,11 @@ class Checkpointer:
             ),
         )
         self._manager.wait_until_finished()
+
+    def meta(self, step: int) -> dict[str, Any]:
+        """The JSON record of `step` alone (step, data position, config)."""
+        return self._manager.restore(
+            step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
     def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         """Restores into the structure, shapes, dtypes and shardings of `target`."""

@@ -1,8 +1,9 @@
 """The RL loop: prompts -> G rollouts each -> rewards -> φ -> advantages -> updates -> metrics,
 with periodic evaluation and checkpoints, resuming from the latest checkpoint of a workdir.
 
-Per step, only reward scoring leaves the device: the sampler's output is decoded and scored on
-the host, then `step.credit` (φ on device) and `step.update` run back to back on device arrays.
+Per step, only reward scoring leaves the device: the sampled tokens are copied to the host to be
+decoded and scored, then `step.credit` (φ on device) and `step.update` run back to back on
+device arrays (the sampler's own outputs among them).
 Everything the next step depends on is a function of (seed, step) and the checkpointed state,
 so a run killed at any point and restarted reproduces the uninterrupted run's metrics.
 """
@@ -65,7 +66,8 @@ def train_and_eval_tasks(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any, str]
     if not cfg.task.eval_name:
         return task, task, cfg.task.eval_split
     eval_task = build_task(cfg, tokenizer, cfg.task.eval_name, cfg.task.eval_path)
-    return task, eval_task, default_split(eval_task)
+    split = cfg.task.eval_split if cfg.task.eval_split in eval_task.splits else None
+    return task, eval_task, split or default_split(eval_task)
 
 
 def default_split(task: Any) -> str:
@@ -134,9 +136,9 @@ class Trainer:
         self.train_records = self.task.split(cfg.task.train_split)
         records = self.eval_task.split(eval_split)
         self.eval_records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
-        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed,
-                                    shard_index=jax.process_index(),
-                                    num_shards=jax.process_count())
+        # Every process draws the same global batch (same seed, same position), so host
+        # arrays are identical everywhere and `device_put` places each process's rows.
+        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
 
         sample_opts = dict(eos_ids=tuple(self.tokenizer.eos_ids), pad_id=self.tokenizer.pad_id,
                            mesh=self.mesh)
@@ -192,8 +194,8 @@ class Trainer:
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
 
         t0 = time.perf_counter()
-        b_local = cfg.rollout.prompts_per_step // jax.process_count()
-        records = [self.train_records[int(i)] for i in self.sampler.next_indices(b_local)]
+        records = [self.train_records[int(i)]
+                   for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
         prompts = encode_prompts(tok, [self.task.prompt_text(r) for r in records],
                                  cfg.rollout.max_prompt_len)
         with jax.set_mesh(self.mesh):
@@ -212,8 +214,7 @@ class Trainer:
         rollout = step.Rollout(
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
             prompt_len=place(np.repeat(prompts.lengths, g)),
-            response=place(tokens), response_len=place(lengths),
-            sample_logp=place(sharding.host_array(out.logprobs)),
+            response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
             reward=place(reward.astype(np.float32)), correct=place(correct), ended=place(ended))
         with jax.set_mesh(self.mesh):
             cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
@@ -224,7 +225,8 @@ class Trainer:
             jax.block_until_ready(self.state)
         t4 = time.perf_counter()
 
-        metrics = {k: float(v) for k, v in {**credit_metrics, **update_metrics}.items()}
+        metrics = {k: float(v) for k, v in
+                   jax.device_get({**credit_metrics, **update_metrics}).items()}
         metrics.update(_first_error_agreement(cred, correct, infos, g))
         metrics.update(
             budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit

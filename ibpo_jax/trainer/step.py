@@ -22,7 +22,7 @@ import optax
 
 from ibpo_jax import advantages, cancellation, comparison, losses, models
 from ibpo_jax.config import RunConfig
-from ibpo_jax.registry import LOSSES
+from ibpo_jax.registry import ESTIMATORS, LOSSES
 from ibpo_jax.trainer.state import TrainState
 
 
@@ -77,6 +77,7 @@ class StepSpec:
     epochs: int
     minibatches: int
     microbatches: int
+    logits_chunk: int
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model: models.Qwen3Config,
@@ -99,11 +100,17 @@ class StepSpec:
             value_coef=cfg.loss.value_coef, value_clip=cfg.loss.value_clip,
             transform=cfg.cancellation.transform, epochs=cfg.optim.epochs,
             minibatches=cfg.optim.minibatches, microbatches=cfg.optim.microbatches,
+            logits_chunk=cfg.model.logits_chunk,
         )
 
     @property
     def is_ppo(self) -> bool:
         return self.loss == "ppo"
+
+    @property
+    def estimator(self) -> str:
+        """The registry.ESTIMATORS name the loss and credit imply (DESIGN §3)."""
+        return "gae" if self.is_ppo else "grpo_token" if self.credit == "token" else "grpo"
 
     @property
     def single_update(self) -> bool:
@@ -129,12 +136,11 @@ def comparison_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array):
     """
     length = rollout.response_len - rollout.ended.astype(jnp.int32)
     if spec.granularity == "token":
-        units = rollout.response[:, : spec.max_units]
-        n_units = jnp.minimum(length, spec.max_units)
-        r = rollout.response.shape[1]
-        pos = jnp.broadcast_to(jnp.arange(r), rollout.response.shape)
+        units, n_units = jax.vmap(comparison.token_units)(rollout.response, length)
+        n_units = jnp.minimum(n_units, spec.max_units)
+        pos = jnp.broadcast_to(jnp.arange(units.shape[1]), units.shape)
         token_unit = jnp.where(pos < n_units[:, None], pos, -1)
-        return units, n_units, token_unit
+        return units[:, : spec.max_units], n_units, token_unit
     split = jax.vmap(lambda t, n: comparison.split_steps(t, n, is_delim,
                                                          max_units=spec.max_units))
     units, n_units = split(rollout.response, length)
@@ -159,10 +165,10 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
         delta = comparison.units_to_tokens(phi_out.delta.reshape(-1, units.shape[1]),
                                            token_unit)  # [N, R]
         delta = jnp.where(response_mask(rollout.response_len, delta.shape[1]), delta, 0.0)
-        adv = advantages.token_advantages(rewards, phi, _groups(delta, g), **adv_kw)
+        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, _groups(delta, g), **adv_kw)
         adv = adv.reshape(rollout.response.shape)
     else:
-        adv = advantages.group_advantages(rewards, phi, **adv_kw).reshape(-1)
+        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, **adv_kw).reshape(-1)
     shaped = rewards + spec.lam * phi
     return Credit(phi, phi_out.first_error, shaped, adv), credit_metrics(rollout, phi, spec)
 
@@ -219,11 +225,28 @@ def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: i
                     entropy: bool = False, values: bool = False):
     out = models.token_logprobs(spec.model, spec.options, params, tokens, attention,
                                 temperature=spec.temperature, return_entropy=entropy,
-                                return_values=values)
+                                return_values=values, logits_chunk=spec.logits_chunk)
     cut = lambda x: None if x is None else x[:, p: p + r]  # entry t predicts tokens[t]
     # The value of the state before response token t is the head on tokens[:P + t].
     vals = None if out.values is None else out.values[:, p - 1: p + r - 1]
     return cut(out.logprobs), cut(out.entropy), vals
+
+
+def _frozen_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
+                  entropy: bool = False, values: bool = False):
+    """`_response_stats` of frozen params (π_ref, π_old) over `spec.microbatches` row chunks in
+    sequence, so these passes peak at a micro-batch's activations like the update does."""
+    params = jax.lax.stop_gradient(params)
+    m = spec.microbatches
+    if m == 1:
+        return _response_stats(spec, params, tokens, attention, p, r, entropy=entropy,
+                               values=values)
+    # Chunk k = rows k, k + m, ...: every chunk spans all data shards (no idle devices).
+    chunks = lambda x: x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
+    out = jax.lax.map(lambda ta: _response_stats(spec, params, *ta, p, r, entropy=entropy,
+                                                 values=values),
+                      (chunks(tokens), chunks(attention)))
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), out)
 
 
 def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
@@ -337,21 +360,20 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     attention = jnp.concatenate([prompt_mask, mask], axis=1)
     n = mask.shape[0]
 
-    sg = jax.lax.stop_gradient
-    ref_logp = (_response_stats(spec, ref_params, tokens, attention, p, r)[0]
+    ref_logp = (_frozen_stats(spec, ref_params, tokens, attention, p, r)[0]
                 if spec.beta > 0 else jnp.zeros(mask.shape))
     empty = jnp.zeros((n, 0))
     old_logp, entropy, old_values = empty, None, empty
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front
-        old_logp, entropy, values = _response_stats(
-            spec, sg(state.params), tokens, attention, p, r, entropy=True, values=spec.is_ppo)
+        old_logp, entropy, values = _frozen_stats(
+            spec, state.params, tokens, attention, p, r, entropy=True, values=spec.is_ppo)
         old_values = empty if values is None else values
     adv, returns = cred.adv, empty
     if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
         last = jax.nn.one_hot(rollout.response_len - 1, r) * mask
-        adv, returns = advantages.gae(rewards=last * cred.shaped.reshape(-1, 1),
-                                      values=old_values, mask=mask, gamma=spec.gamma,
-                                      lam=spec.gae_lambda)
+        adv, returns = ESTIMATORS.get(spec.estimator)(
+            rewards=last * cred.shaped.reshape(-1, 1), values=old_values, mask=mask,
+            gamma=spec.gamma, lam=spec.gae_lambda)
         if spec.normalize_std:  # whiten over the batch's valid tokens
             mean = jnp.sum(adv * mask) / jnp.maximum(mask.sum(), 1)
             var = jnp.sum(jnp.square(adv - mean) * mask) / jnp.maximum(mask.sum(), 1)
@@ -377,7 +399,7 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
         params = optax.apply_updates(st.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
-        return new, (losses.finalize_metrics(m), grad_norm, ~ok)
+        return new, (m, grad_norm, ~ok)
 
     orders = []
     for epoch in range(spec.epochs):
@@ -389,12 +411,23 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     state, (upd_metrics, grad_norms, skipped) = jax.lax.scan(one_update, state, orders)
 
     metrics = losses.finalize_metrics(diagnostics)
-    # Over the step's updates: the first one is on-policy (ratio 1, nothing clipped), the later
-    # ones show how far the minibatch updates move the policy.
-    reduce = lambda k: jnp.min if k.endswith("_min") else jnp.max if k.endswith("_max") \
-        else jnp.mean
-    metrics.update({k: reduce(k)(v) for k, v in upd_metrics.items()})
-    metrics["grad_norm"] = jnp.mean(grad_norms)
+    # Over the step's updates (the first is on-policy: ratio 1, nothing clipped; the later ones
+    # show how far the minibatch updates move the policy): Stats summed, so token means are
+    # exact over the step; extremes over all updates.
+    def over_updates(k, v):
+        if isinstance(v, losses.Stat):
+            return losses.safe_div(jnp.sum(v.num), jnp.sum(v.den))
+        return jnp.min(v) if k.endswith("_min") else jnp.max(v) if k.endswith("_max") \
+            else jnp.mean(v)
+
+    metrics.update({k: over_updates(k, v) for k, v in upd_metrics.items()})
+    # Over the applied updates; when every update was skipped, their (non-finite) norm.
+    applied = ~skipped
+    metrics["grad_norm"] = jnp.where(
+        jnp.any(applied),
+        losses.safe_div(jnp.sum(jnp.where(applied, grad_norms, 0.0)),
+                        jnp.sum(applied).astype(jnp.float32)),
+        jnp.mean(grad_norms))
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
     state = state._replace(step=state.step + 1)
     return state, metrics

@@ -1,6 +1,7 @@
 """End-to-end runs of the trainer on the `smoke` preset: every config, exact resume after
 SIGKILL, and a (2, 2, 2) mesh of 8 fake CPU devices against one device."""
 
+import json
 import math
 import os
 import signal
@@ -72,13 +73,38 @@ def _comparable(rows):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(data_dir, tmp_path_factory):
+def uninterrupted_dir(data_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("uninterrupted")
     cmd, env = _train_cmd(workdir, data_dir, 1)
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    rows = read_metrics(workdir / "metrics.jsonl")
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_dir):
+    rows = read_metrics(uninterrupted_dir / "metrics.jsonl")
     assert any(r.get("phi_mean", 0) > 0 for r in rows)  # the runs compared below do learn
     return rows
+
+
+def test_evaluate_cli_reads_a_run_and_its_hf_export_alike(uninterrupted_dir, data_dir,
+                                                          tmp_path):
+    """`python -m ibpo_jax.evaluate` on the run's workdir (latest orbax checkpoint, restored
+    read-only with the run's stored config) and on its HF export: same policy, same scores."""
+    results = []
+    for i, ckpt in enumerate([uninterrupted_dir, uninterrupted_dir / "hf_final"]):
+        out = tmp_path / f"eval{i}.json"
+        proc = subprocess.run(
+            [sys.executable, "-m", "ibpo_jax.evaluate", "--config=configs/ibpo_gspo.py:smoke",
+             f"--checkpoint={ckpt}", f"--out={out}", f"--config.task.data_dir={data_dir}",
+             "--config.eval.num_prompts=16"],
+            cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "| ibpo_gspo avg@4 |" in proc.stdout  # the paper's Table 1 layout
+        results.append(json.loads(out.read_text()))
+    assert list(results[0]) == ["arith/test"]
+    assert 0 <= results[0]["arith/test"]["eval_accuracy"] <= 1
+    assert results[0] == results[1]
 
 
 def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, data_dir, tmp_path):

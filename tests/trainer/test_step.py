@@ -118,12 +118,16 @@ def _update(cfg, spec, rollout, params=None):
     return fn(state, params, rollout, cred, jax.random.key(1))
 
 
-def test_microbatch_accumulation_is_exact():
+@pytest.mark.parametrize("algo", ["ibpo_grpo", "ppo"])
+def test_microbatch_accumulation_is_exact(algo):
+    """Micro-batches (and, for PPO, the chunked π_old / value pass and chunked log-softmax)
+    give the update of one batch."""
     rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
-    cfg, spec = _spec("ibpo_grpo")
-    params = models.init(ARCH, jax.random.key(0)).params
+    cfg, spec = _spec(algo, value_head=algo == "ppo")
+    params = models.init(ARCH, jax.random.key(0), value_head=algo == "ppo").params
     whole, m1 = _update(cfg, spec, rollout, params)
-    split, m2 = _update(cfg, dataclasses.replace(spec, microbatches=2), rollout, params)
+    split, m2 = _update(cfg, dataclasses.replace(spec, microbatches=2, logits_chunk=3), rollout,
+                        params)
     for a, b, c in zip(jax.tree.leaves(whole.params), jax.tree.leaves(split.params),
                        jax.tree.leaves(params)):
         assert not np.array_equal(a, c)  # the update moved every leaf
