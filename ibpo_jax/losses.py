@@ -303,7 +303,7 @@ def token_weights(
 
 
 def _kl_terms(*, logp, ref_logp, beta, kl_estimator, mask, aggregation, norm_const):
-    """(β·num_kl, Σ k over valid tokens, #valid tokens) of the KL penalty."""
+    """(β·num_kl, den, Σ k over valid tokens, #valid tokens) of the KL penalty."""
     if ref_logp is None:
         if isinstance(beta, jax.core.Tracer) or float(beta) != 0:
             raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs)")
@@ -314,8 +314,8 @@ def _kl_terms(*, logp, ref_logp, beta, kl_estimator, mask, aggregation, norm_con
     valid = mask.astype(bool)
     logp, ref_logp = jnp.where(valid, logp, 0.0), jnp.where(valid, ref_logp, 0.0)
     kl = jnp.where(valid, KL_ESTIMATORS.get(kl_estimator, key="kl_estimator")(logp, ref_logp), 0.0)
-    num, _ = aggregate(kl, valid, aggregation=aggregation, norm_const=norm_const)
-    return beta * num, jnp.sum(kl), jnp.sum(valid).astype(jnp.float32)
+    num, den = aggregate(kl, valid, aggregation=aggregation, norm_const=norm_const)
+    return beta * num, den, jnp.sum(kl), jnp.sum(valid).astype(jnp.float32)
 
 
 def kl_penalty(
@@ -337,9 +337,7 @@ def kl_penalty(
                     mask=jnp.asarray(mask), aggregation=aggregation, norm_const=norm_const)
     if out is None:
         return jnp.zeros((), jnp.float32), {}
-    num, kl_sum, n_tok = out
-    _, den = AGGREGATIONS.get(aggregation, key="aggregation")(jnp.asarray(mask),
-                                                              norm_const=norm_const)
+    num, den, kl_sum, n_tok = out
     sg = jax.lax.stop_gradient
     return num, {"kl_loss": Stat(sg(num), den), "kl": Stat(sg(kl_sum), n_tok)}
 

@@ -67,8 +67,12 @@ def _columns(kind: str, fields: Mapping[str, str] | None) -> dict[str, str]:
 def _answer_text(value: Any) -> str:
     """A published answer (int, number or LaTeX string, maybe in $...$) as a LaTeX string."""
     text = str(value).strip()
-    if len(text) >= 2 and text[0] == "$" and text[-1] == "$":
-        text = text.strip("$").strip()
+    # One outer $...$ (or $$...$$) pair; "$a$ and $b$" has inner dollars and stays as is.
+    for fence in ("$$", "$"):
+        inner = text[len(fence):-len(fence)]
+        if len(text) > 2 * len(fence) - 1 and text.startswith(fence) and text.endswith(fence) \
+                and "$" not in inner:
+            return inner.strip()
     return text
 
 

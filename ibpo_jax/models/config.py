@@ -21,6 +21,10 @@ class ConfigError(ValueError):
     """A config.json (or dict) that does not describe a Qwen3 dense model we can run."""
 
 
+# transformers' Qwen3Config for absent keys; an explicit null num_key_value_heads means MHA.
+_HF_DEFAULTS = {"num_key_value_heads": 32, "head_dim": 128}
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen3Config:
     """The architecture of a Qwen3 dense decoder; field names as in HF `config.json`."""
@@ -52,8 +56,10 @@ class Qwen3Config:
         if self.head_dim % 2:
             raise ConfigError(f"Qwen3Config.head_dim={self.head_dim} must be even (RoPE halves)")
         for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
-            if not float(getattr(self, name)) > 0:
-                raise ConfigError(f"Qwen3Config.{name} must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                    or not value > 0:
+                raise ConfigError(f"Qwen3Config.{name} must be a number > 0, got {value!r}")
 
     @property
     def num_groups(self) -> int:
@@ -100,19 +106,24 @@ class Qwen3Config:
              f"is {rope_type!r}; only plain RoPE is implemented")
         theta = rope.get("rope_theta", d.get("rope_theta"))
         need("rope_theta", theta is not None, "is missing")
+        need("rope_theta", isinstance(theta, (int, float)) and not isinstance(theta, bool),
+             f"must be a number, got {theta!r}")
         kwargs = {}
         for field in dataclasses.fields(cls):
             if field.name == "rope_theta":
                 continue
             if field.name in d and d[field.name] is not None:
                 kwargs[field.name] = d[field.name]
-            elif field.name == "num_key_value_heads":
+            elif field.name == "num_key_value_heads" and field.name in d:  # null: MHA
                 kwargs[field.name] = d.get("num_attention_heads")
-            elif field.name == "head_dim" and "hidden_size" in d and "num_attention_heads" in d:
-                kwargs[field.name] = d["hidden_size"] // d["num_attention_heads"]
+            elif field.name in _HF_DEFAULTS and field.name not in d:
+                kwargs[field.name] = _HF_DEFAULTS[field.name]
             elif field.default is dataclasses.MISSING:
                 need(field.name, False, "is missing")
-        return cls(rope_theta=float(theta), **kwargs)
+        try:
+            return cls(rope_theta=float(theta), **kwargs)
+        except (ConfigError, TypeError, ValueError) as e:  # name the file as well as the field
+            raise ConfigError(f"{where}: {e}") from None
 
     def to_hf_dict(self, *, dtype: Any = jnp.float32) -> dict[str, Any]:
         """The config.json dict of an equivalent `Qwen3ForCausalLM` (params stored in `dtype`).

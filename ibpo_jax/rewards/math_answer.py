@@ -31,8 +31,8 @@ _TEXT_RE = re.compile(r"\\(?:text|textbf|mathrm|mbox)\{([^{}]*)\}")
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} with balanced braces; None if there is none (or the last
-    one is never closed)."""
+    """Content of the last closed \\boxed{...} (balanced braces): a trailing one that is never
+    closed is skipped in favour of the one before it; None if no box is closed."""
     starts = [m.end() for m in _BOX_RE.finditer(text)]
     for start in reversed(starts):
         depth = 1

@@ -139,3 +139,11 @@ def test_paths_can_be_directories_and_globs(tmp_path):
         "part-0.jsonl", "part-1.jsonl"]
     records = formats.load_records("math_jsonl", str(tmp_path / "part-*.jsonl"))
     assert [r["problem"] for r in records] == ["p0", "p1"]
+
+
+@pytest.mark.parametrize("raw, want", [
+    ("$x^2$", "x^2"), ("$$\\frac{1}{2}$$", "\\frac{1}{2}"), (12, "12"), (" 3 ", "3"),
+    ("$a$ and $b$", "$a$ and $b$"),  # inner dollars: not one math span, kept whole
+])
+def test_published_answers_lose_one_outer_math_fence_only(raw, want):
+    assert formats._answer_text(raw) == want

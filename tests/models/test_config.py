@@ -32,10 +32,14 @@ def test_transformers_4_spelling_with_top_level_rope_theta(tmp_path):
     d = {**SMALL, "model_type": "qwen3", "hidden_act": "silu", "rope_scaling": None}
     (tmp_path / "config.json").write_text(json.dumps(d))
     assert Qwen3Config.from_hf(tmp_path / "config.json") == Qwen3Config(**SMALL)
-    # head_dim and num_key_value_heads default as in HF when absent
-    d2 = {k: v for k, v in d.items() if k not in ("head_dim", "num_key_value_heads")}
-    cfg = Qwen3Config.from_hf(d2)
-    assert (cfg.head_dim, cfg.num_key_value_heads) == (16, 4)
+    # Absent or null head_dim / num_key_value_heads: what transformers' Qwen3Config assumes.
+    for d2 in ({k: v for k, v in d.items() if k != "head_dim"},
+               {**d, "num_key_value_heads": None}):
+        cfg, hf = Qwen3Config.from_hf(d2), transformers.Qwen3Config(**d2)
+        assert (cfg.head_dim, cfg.num_key_value_heads) == (hf.head_dim, hf.num_key_value_heads)
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not a multiple of "
+                       "num_key_value_heads=32"):  # HF's default of 32 kv heads does not fit
+        Qwen3Config.from_hf({k: v for k, v in d.items() if k != "num_key_value_heads"})
 
 
 @pytest.mark.parametrize("change, field", [
@@ -48,6 +52,9 @@ def test_transformers_4_spelling_with_top_level_rope_theta(tmp_path):
     ({"hidden_size": None}, "hidden_size"),
     ({"num_key_value_heads": 3}, "num_key_value_heads"),
     ({"vocab_size": 0}, "vocab_size"),
+    ({"hidden_size": "64"}, "hidden_size"),
+    ({"rms_norm_eps": "x"}, "rms_norm_eps"),
+    ({"rope_theta": "abc"}, "rope_theta"),
 ])
 def test_unsupported_or_broken_configs_name_the_field(change, field):
     with pytest.raises(ConfigError, match=field):
