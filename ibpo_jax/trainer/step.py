@@ -297,6 +297,12 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array,
         "logprob_mismatch": losses.Stat(
             jnp.sum(jnp.where(b.mask, jnp.abs(b.sample_logp - old_logp), 0.0)), n_tok),
     }
+    # Context-free residual per document-frequency bucket (upper edges of
+    # cancellation.DEFAULT_BUCKET_EDGES): "_df50" = ids in > 25 % and <= 50 % of the responses.
+    num, den = _per_group(spec, cancellation.bucketed_residual_terms, b, w)  # [B, K] each
+    for k, edge in enumerate(cancellation.DEFAULT_BUCKET_EDGES):
+        out[f"cancellation_residual_df{round(100 * edge)}"] = losses.Stat(
+            num[:, k].sum(), den[:, k].sum())
     if spec.transform != "none":
         out["cancellation_residual_transformed"] = residual(_transformed(spec, b, w), False)
     return out

@@ -161,9 +161,12 @@ def test_cancellation_diagnostics_and_min_replace():
     _, m = _update(cfg, spec, rollout)
     assert float(m["cancellation_residual"]) > 0.01
     assert float(m["cancellation_residual_transformed"]) < 1e-6
+    buckets = [f"cancellation_residual_df{q}" for q in (25, 50, 75, 100)]  # context-free
+    assert max(float(m[k]) for k in buckets) > 0.01
     cfg, spec = _spec("ibpo_grpo", **{"loss.aggregation": "token_mean"})
     _, m = _update(cfg, spec, rollout)
     assert float(m["cancellation_residual"]) < 1e-6  # token_mean on-policy: exchangeable
+    assert max(float(m[k]) for k in buckets) < 1e-6
 
 
 def test_ppo_update_trains_the_value_head():
