@@ -60,10 +60,15 @@ def read_header(file: str) -> dict[str, TensorInfo]:
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        if meta["dtype"] not in DTYPES:
-            raise CheckpointError(f"tensor {name} in {file}: unsupported dtype {meta['dtype']}")
-        dtype, shape = DTYPES[meta["dtype"]], tuple(meta["shape"])
-        begin, end = meta["data_offsets"]
+        try:
+            dtype_name, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), \
+                meta["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"tensor {name} in {file}: header entry {meta!r} lacks a "
+                                  "valid dtype / shape / data_offsets") from None
+        if dtype_name not in DTYPES:
+            raise CheckpointError(f"tensor {name} in {file}: unsupported dtype {dtype_name}")
+        dtype = DTYPES[dtype_name]
         if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
             raise CheckpointError(f"tensor {name} in {file}: byte range does not match shape")
         if 8 + n + end > size:
@@ -78,9 +83,14 @@ def read_checkpoint_index(directory: str) -> dict[str, TensorInfo]:
     `model.safetensors.index.json`."""
     index_file = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index_file):
-        with open(index_file, encoding="utf-8") as f:
-            weight_map = json.load(f)["weight_map"]
-        files = sorted(set(weight_map.values()))
+        try:
+            with open(index_file, encoding="utf-8") as f:
+                weight_map = json.load(f)["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
+                AttributeError) as e:
+            raise CheckpointError(f"{index_file}: not a safetensors index with a 'weight_map' "
+                                  f"of tensor -> file ({type(e).__name__}: {e})") from None
         tensors: dict[str, TensorInfo] = {}
         for file in files:
             tensors.update(read_header(os.path.join(directory, file)))

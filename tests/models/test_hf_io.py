@@ -3,6 +3,7 @@ sharded loading on a mesh of 8 fake CPU devices, and clear errors for broken che
 
 import json
 import os
+import re
 import shutil
 
 import jax
@@ -205,6 +206,28 @@ def test_truncated_file_is_named(tied, tmp_path):
         models.load_hf(path)
     file.write_bytes(b"\x01")
     with pytest.raises(CheckpointError, match="truncated"):
+        models.load_hf(path)
+
+
+def test_corrupt_index_and_header_entries_are_named(tied, tmp_path):
+    path = _copy(tied[1], tmp_path / "c")
+    index = path / "model.safetensors.index.json"
+    index.write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not a "):
+        models.load_hf(path)
+    index.write_text(json.dumps({"metadata": {}}))  # no weight_map
+    with pytest.raises(CheckpointError, match="weight_map"):
+        models.load_hf(path)
+    index.unlink()
+    file = path / "model.safetensors"
+    raw = file.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8: 8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    del header[name]["dtype"]
+    body = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # same length
+    file.write_bytes(raw[:8] + body + raw[8 + n:])
+    with pytest.raises(CheckpointError, match=rf"tensor {re.escape(name)} in .*lacks a valid"):
         models.load_hf(path)
 
 
