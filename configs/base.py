@@ -198,7 +198,6 @@ def _arith_tiny(c: ml_collections.ConfigDict) -> None:
     """
     c.warm_start.enabled = True
     c.rollout.prompts_per_step = 32
-    c.rollout.max_prompt_len = 48
     c.rollout.max_new_tokens = 48
     c.train.steps = 200
     c.train.eval_every = 50

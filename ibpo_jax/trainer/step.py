@@ -235,7 +235,8 @@ def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: i
 def _frozen_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
                   entropy: bool = False, values: bool = False):
     """`_response_stats` of frozen params (π_ref, π_old) over `spec.microbatches` row chunks in
-    sequence, so these passes peak at a micro-batch's activations like the update does."""
+    sequence: with micro-batching on, these whole-batch passes are chunked too, so they do not
+    set the peak memory (no activations are kept for a backward pass)."""
     params = jax.lax.stop_gradient(params)
     m = spec.microbatches
     if m == 1:

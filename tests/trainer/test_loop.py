@@ -156,3 +156,12 @@ def test_bad_config_value_stops_at_start_up_naming_the_key():
                           "--config=configs/ibpo_gspo.py", "--config.optim.lrate=1"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "valid keys here" in out.stderr
+
+
+def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninterrupted):
+    out = subprocess.run([sys.executable, "experiments/compare_runs.py", str(uninterrupted_dir)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("| ibpo_gspo |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    evals = [r["eval_accuracy"] for r in uninterrupted if "eval_accuracy" in r]
+    assert cells[2] == f"{100 * evals[0]:.1f}" and cells[3] == f"{100 * evals[-1]:.1f}"
