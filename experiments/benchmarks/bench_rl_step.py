@@ -6,6 +6,8 @@ both frameworks; the `arith` task's char tokenizer (ours: CharTokenizer; TRL: th
 a PreTrainedTokenizerFast, checked id for id on every prompt); the same 16 prompts per step
 (step s's prompts come from the same IndexSampler positions on both sides, checked), G = 8,
 64 new tokens, temperature 1, lr 1e-6 (AdamW, constant, grad clip 1.0), beta = 0.01 (k3), fp32.
+Prompt width: ours is static, the run's longest prompt (no truncation); TRL pads each batch to
+its longest. One optimizer update per rollout batch on both sides.
 One step = sample 128 completions, score them (arith checker -> {-1, +1}), one optimizer update.
 
 - ours: `Trainer.rl_step` with configs/gspo.py and configs/ibpo_gspo.py (ibpo_gspo adds φ). With
@@ -116,12 +118,15 @@ def char_tokenizer_fast() -> transformers.PreTrainedTokenizerFast:
                                                 bos_token="<bos>", eos_token="<eos>")
 
 
-def our_config(algo: str, ckpt: Path, data_dir: Path, steps: int) -> config_lib.RunConfig:
+def our_config(algo: str, ckpt: Path, data_dir: Path, steps: int,
+               max_prompt_len: int = 64) -> config_lib.RunConfig:
     return config_lib.load(f"{REPO}/configs/{algo}.py:arith_tiny", [
+        ("rollout.max_prompt_len", str(max_prompt_len)),
         ("model.checkpoint", str(ckpt)), ("model.preset", "hf"), ("warm_start.enabled", "false"),
         ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(G)),
         ("rollout.max_new_tokens", str(NEW_TOKENS)), ("rollout.temperature", "1.0"),
         ("optim.lr", str(LR)), ("optim.warmup_steps", "0"), ("loss.beta", str(BETA)),
+        ("optim.minibatches", "1"),  # one update per rollout batch, as TRL's num_iterations=1
         ("task.data_dir", str(data_dir)), ("train.progress", "false"),
         ("train.steps", str(steps)),
     ])
@@ -153,7 +158,8 @@ class _CompileClock:
 def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.ndarray],
                prompt_lens: np.ndarray, peak: float, compiles: _CompileClock,
                profile: bool) -> dict:
-    cfg = our_config(algo, ckpt, data_dir, args.steps)
+    # Static prompt width = the run's longest prompt (TRL pads each batch to its longest).
+    cfg = our_config(algo, ckpt, data_dir, args.steps, int(prompt_lens.max()))
     n_params = matmul_params(MODEL)
     times, flops, old_pass, compile_s, rows, captured = [], [], [], [], [], {}
     with tempfile.TemporaryDirectory() as work:
