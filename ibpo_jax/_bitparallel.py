@@ -107,6 +107,15 @@ def _padded_pattern_ranks(ra, n_words):
     return jnp.pad(ra, ((0, 0), (0, n_words * _BITS - n_a)), constant_values=n_a)
 
 
+def _striped_inputs(a, b, a_len, b_len):
+    """Both kernels' set-up: (pattern ranks padded to whole stripes, text ranks, words per
+    stripe, stripes, scan steps = text length + the wavefront's skew)."""
+    n_pairs, n_a = a.shape
+    ks, n_stripes = _stripe_words(n_pairs, -(-n_a // _BITS))
+    ra, rb = _ranks(a, b, a_len, b_len, ks - 1)
+    return _padded_pattern_ranks(ra, n_stripes * ks), rb, ks, n_stripes, b.shape[1] + ks - 1
+
+
 def _skewed_gather(table, ids_pad, s, ks):
     """Match words of step s: word k reads column s - k. -> [ks, P] uint32."""
     ids = lax.dynamic_slice_in_dim(ids_pad, s, ks, axis=0)[::-1]  # [ks, P]
@@ -149,13 +158,8 @@ def lcs_words(a, b, a_len, b_len):
     Returns V [n_words, P] uint32 (31 payload bits each): bit i of the pattern is
     1 - (LCS(a[:i+1], b) - LCS(a[:i], b)).
     """
-    n_pairs, n_a = a.shape
-    n_b = b.shape[1]
-    n_words = -(-n_a // _BITS)
-    ks, n_stripes = _stripe_words(n_pairs, n_words)
-    ra, rb = _ranks(a, b, a_len, b_len, ks - 1)
-    ra = _padded_pattern_ranks(ra, n_stripes * ks)
-    steps = n_b + ks - 1
+    n_pairs = a.shape[0]
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
 
     def stripe(q, carry):
         cin, words = carry  # cin [steps, P]: carry into the stripe's bottom word per column
@@ -213,13 +217,8 @@ def _levenshtein_chunk(a, b, a_len, b_len):
     replaces the carry of the addition ("Eq |= 1 when h_in < 0"). Row 0 has D[0][j] = j, so
     the bottom stripe gets h_in = +1 on every text column. D[m][n] = n + #Pv - #Mv (low m bits).
     """
-    n_pairs, n_a = a.shape
-    n_b = b.shape[1]
-    n_words = -(-n_a // _BITS)
-    ks, n_stripes = _stripe_words(n_pairs, n_words)
-    ra, rb = _ranks(a, b, a_len, b_len, ks - 1)
-    ra = _padded_pattern_ranks(ra, n_stripes * ks)
-    steps = n_b + ks - 1
+    n_pairs = a.shape[0]
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
     kk = jnp.arange(ks)[:, None]
     top = jnp.uint32(_TOP)
 
