@@ -113,7 +113,12 @@ def base() -> ml_collections.ConfigDict:
         value_coef=0.5,  # PPO only
         value_clip=0.2,  # PPO only
     )
-    c.cancellation = dict(transform="none")  # registry.TRANSFORMS (DESIGN §5)
+    c.cancellation = dict(
+        transform="none",  # registry.TRANSFORMS (DESIGN §5)
+        # Log the shared-prefix log-prob drift across each step's updates (DESIGN §5): one
+        # more forward pass per step, with the updated policy.
+        log_drift=False,
+    )
     c.optim = dict(
         lr=1e-6,
         schedule="constant",  # "constant" or "cosine" (after warm-up)

@@ -128,6 +128,7 @@ class LossConfig:
 @dataclasses.dataclass(frozen=True)
 class CancellationConfig:
     transform: str
+    log_drift: bool
 
 
 @dataclasses.dataclass(frozen=True)

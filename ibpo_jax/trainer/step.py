@@ -14,6 +14,7 @@ sample g of prompt b, so [N] reshapes to [B, G] groups. Shapes: N = B*G rows, P 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -74,6 +75,7 @@ class StepSpec:
     value_coef: float
     value_clip: float
     transform: str
+    log_drift: bool
     epochs: int
     minibatches: int
     microbatches: int
@@ -98,7 +100,8 @@ class StepSpec:
             norm_const=(cfg.loss.norm_const or float(cfg.rollout.max_new_tokens))
             if needs_norm else None,
             value_coef=cfg.loss.value_coef, value_clip=cfg.loss.value_clip,
-            transform=cfg.cancellation.transform, epochs=cfg.optim.epochs,
+            transform=cfg.cancellation.transform, log_drift=cfg.cancellation.log_drift,
+            epochs=cfg.optim.epochs,
             minibatches=cfg.optim.minibatches, microbatches=cfg.optim.microbatches,
             logits_chunk=cfg.model.logits_chunk,
         )
@@ -436,5 +439,15 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
                         jnp.sum(applied).astype(jnp.float32)),
         jnp.mean(grad_norms))
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
+    if spec.log_drift:  # DESIGN §5: mean Δ log π on shared nodes across this step's updates
+        after = _frozen_stats(spec, state.params, tokens, attention, p, r)[0]
+        before = old_logp if old_logp.shape == after.shape else rollout.sample_logp  # π_old
+        g = spec.group_size
+        for name, whole in (("shared_logprob_drift", False), ("shared_logprob_drift_whole", True)):
+            drift = jax.vmap(functools.partial(cancellation.shared_logprob_drift,
+                                               whole_group_only=whole))(
+                _groups(rollout.response, g), _groups(mask, g), _groups(before, g),
+                _groups(after, g))
+            metrics[name] = losses.safe_div(jnp.sum(drift.num), jnp.sum(drift.den))
     state = state._replace(step=state.step + 1)
     return state, metrics

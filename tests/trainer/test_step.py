@@ -209,3 +209,26 @@ def test_multi_update_path_matches_single_update_diagnostics():
     # Two optimizer updates happened: Adam's count is 2.
     counts = [x for x in jax.tree.leaves(state.opt_state) if getattr(x, "ndim", 1) == 0]
     assert any(int(c) == 2 for c in counts)
+
+
+def test_shared_prefix_drift_across_the_step():
+    """cancellation.log_drift: mean Δ log π on shared nodes between π_old and the updated
+    policy. No learning rate, no drift; a large one moves the shared prefixes."""
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0)).params
+    out = {}
+    for lr in (0.0, 0.05):
+        cfg, spec = _spec("ibpo_grpo", **{"optim.lr": lr, "cancellation.log_drift": True})
+        # Several updates: π_old comes from the trainer's own pass up front.
+        _, m = _update(cfg, dataclasses.replace(spec, minibatches=2), rollout, params)
+        out[lr] = (float(m["shared_logprob_drift"]), float(m["shared_logprob_drift_whole"]))
+    np.testing.assert_allclose(out[0.0], 0.0, atol=1e-6)
+    assert abs(out[0.05][0]) > 1e-3
+    assert out[0.05][1] == 0.0  # no node holds a whole group here (first tokens differ)
+    # One update: π_old is the sampler's log-probs (here the true ones of `params`).
+    cfg, spec = _spec("ibpo_grpo", **{"optim.lr": 0.0, "cancellation.log_drift": True})
+    true_logp = step._frozen_stats(spec, params, jnp.concatenate(
+        [rollout.prompt, rollout.response], 1), jnp.concatenate(
+        [rollout.prompt > 0, step.response_mask(rollout.response_len, R)], 1), P, R)[0]
+    _, m = _update(cfg, spec, rollout._replace(sample_logp=true_logp), params)
+    assert abs(float(m["shared_logprob_drift"])) < 1e-5
