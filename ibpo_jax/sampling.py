@@ -27,7 +27,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import sharding
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
@@ -302,14 +303,18 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
     mesh = sampler.mesh
 
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array) -> SampleOutput:
-        prompts = jnp.asarray(prompts, jnp.int32)
-        prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
         if mesh is None:
+            prompts = jnp.asarray(prompts, jnp.int32)
+            prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
             final = decode(params, prefill(params, prompts, prompt_lens, rng))
         else:
-            if prompts.shape[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0:
-                prompts = jax.device_put(prompts, sharding.batch_sharding(mesh, 2))
-                prompt_lens = jax.device_put(prompt_lens, sharding.batch_sharding(mesh, 1))
+            # Rows split over the batch axes when they divide evenly, else replicated; host
+            # values are the same on every process.
+            split = np.shape(prompts)[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
+            place = lambda x, ndim: sharding.global_array(  # noqa: E731
+                np.asarray(x, np.int32),
+                sharding.batch_sharding(mesh, ndim) if split else NamedSharding(mesh, P()))
+            prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
             with jax.set_mesh(mesh):
                 final = decode(params, prefill(params, prompts, prompt_lens, rng))
         return SampleOutput(final.tokens, final.lengths, final.logprobs)

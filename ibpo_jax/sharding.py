@@ -208,3 +208,10 @@ def host_array(x: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def global_array(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    """A host value that every process holds identically, placed as `sharding` (each process
+    fills only its own devices' slices: works on one host and on many)."""
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])

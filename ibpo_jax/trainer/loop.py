@@ -137,7 +137,7 @@ class Trainer:
         records = self.eval_task.split(eval_split)
         self.eval_records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
         # Every process draws the same global batch (same seed, same position), so host
-        # arrays are identical everywhere and `device_put` places each process's rows.
+        # arrays are identical everywhere and each process places its own devices' rows.
         self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
 
         sample_opts = dict(eos_ids=tuple(self.tokenizer.eos_ids), pad_id=self.tokenizer.pad_id,
@@ -210,7 +210,7 @@ class Trainer:
         ended = np.isin(last_token, tok.eos_ids) & (lengths > 0)
         t2 = time.perf_counter()
 
-        place = lambda x: jax.device_put(np.asarray(x), _rows_sharding(self.mesh, np.ndim(x)))
+        place = lambda x: sharding.global_array(x, _rows_sharding(self.mesh, np.ndim(x)))
         rollout = step.Rollout(
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
             prompt_len=place(np.repeat(prompts.lengths, g)),
