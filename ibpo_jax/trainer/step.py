@@ -280,13 +280,18 @@ def _transformed(spec: StepSpec, b: _Batch, weights: jax.Array) -> jax.Array:
     return w.reshape(weights.shape)
 
 
-def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array,
-                 entropy: jax.Array) -> dict[str, losses.Stat]:
+def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Array,
+                 w: jax.Array | None = None, w_transformed: jax.Array | None = None
+                 ) -> dict[str, losses.Stat]:
     """DESIGN §5 cancellation residuals of the on-policy gradient (ratio 1), entropy and the
-    sampler-vs-trainer log-prob mismatch, as Stats that add up over micro-batches."""
+    sampler-vs-trainer log-prob mismatch, as Stats that add up over micro-batches.
+
+    w, w_transformed: the on-policy token weights (and their transform) when the caller has
+    them already; computed here otherwise."""
     sg = jax.lax.stop_gradient
     old_logp, entropy = sg(old_logp), sg(entropy)
-    w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
+    if w is None:
+        w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
 
     def residual(weights, whole):
         num, den = _per_group(spec, lambda t, m, a, ww: cancellation.residual_terms(
@@ -308,7 +313,9 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array,
         out[f"cancellation_residual_df{round(100 * edge)}"] = losses.Stat(
             num[:, k].sum(), den[:, k].sum())
     if spec.transform != "none":
-        out["cancellation_residual_transformed"] = residual(_transformed(spec, b, w), False)
+        if w_transformed is None:
+            w_transformed = _transformed(spec, b, w)
+        out["cancellation_residual_transformed"] = residual(w_transformed, False)
     return out
 
 
@@ -324,15 +331,19 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, p: int):
     kw = _loss_kwargs(spec, b, logp, old_logp)
     out = LOSSES.get(spec.loss, key="config.loss.name")(**kw)
     num = out.num
+    # Token weights (stop-gradient): with one update, logp = π_old, so these are also the
+    # on-policy weights the diagnostics need.
+    w = losses.token_weights(spec.loss, **kw) if single or spec.transform != "none" else None
+    w_t = None
     if spec.transform != "none":
-        w = _transformed(spec, b, losses.token_weights(spec.loss, **kw))
+        w_t = _transformed(spec, b, w)
         num, _ = cancellation.reweighted_loss(
-            logp=logp, adv=b.adv, weights=w, mask=b.mask, ref_logp=kw["ref_logp"],
+            logp=logp, adv=b.adv, weights=w_t, mask=b.mask, ref_logp=kw["ref_logp"],
             beta=spec.beta, kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
             norm_const=spec.norm_const)
     metrics = dict(out.metrics)
     if single:
-        metrics.update(_diagnostics(spec, b, old_logp, entropy))
+        metrics.update(_diagnostics(spec, b, old_logp, entropy, w, w_t))
     if spec.is_ppo:
         vl = losses.value_loss(values=values, old_values=b.old_values, returns=b.returns,
                                mask=b.mask, clip_eps=spec.value_clip,
