@@ -237,11 +237,12 @@ def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: i
 
 def _frozen_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
                   entropy: bool = False, values: bool = False):
-    """`_response_stats` of frozen params (π_ref, π_old) over `spec.microbatches` row chunks in
-    sequence: with micro-batching on, these whole-batch passes are chunked too, so they do not
-    set the peak memory (no activations are kept for a backward pass)."""
+    """`_response_stats` of frozen params (π_ref, π_old) in sequence over row chunks the size
+    of one gradient micro-batch (minibatches x microbatches chunks): with micro-batching on,
+    these whole-batch passes neither set the peak memory nor leave the working set the
+    micro-batch size was chosen for (no activations are kept for a backward pass)."""
     params = jax.lax.stop_gradient(params)
-    m = spec.microbatches
+    m = spec.microbatches * spec.minibatches
     if m == 1:
         return _response_stats(spec, params, tokens, attention, p, r, entropy=entropy,
                                values=values)

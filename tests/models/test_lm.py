@@ -87,7 +87,9 @@ def test_chunked_logprobs_equal_unchunked_with_gradients(gqa2, batch):
     (full, g_full), (chunked, g_chunked) = run(0), run(3)  # 3 does not divide T - 1 = 8
     np.testing.assert_allclose(chunked.logprobs, full.logprobs, atol=1e-5)
     np.testing.assert_allclose(chunked.entropy, full.entropy, atol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g_chunked, g_full)
+    # Gradients reach ~10 in magnitude: float32 sums in another order differ relatively.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5),
+                 g_chunked, g_full)
 
 
 def test_temperature_divides_logits(gqa2, batch):
