@@ -130,6 +130,10 @@ def base() -> ml_collections.ConfigDict:
         epochs=1,  # passes over each rollout batch (PPO epochs)
         minibatches=1,  # optimizer updates per epoch
         microbatches=1,  # gradient-accumulation chunks per minibatch
+        # Pack several rollout rows into each row of the update's model passes (no padding
+        # work; same log-probs). Off automatically with a cancellation.transform, which needs
+        # a group's rows together.
+        pack=True,
     )
     c.mesh = dict(data=-1, fsdp=1, tensor=1)  # -1 = all remaining devices
     c.train = dict(

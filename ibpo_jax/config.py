@@ -143,6 +143,7 @@ class OptimConfig:
     epochs: int
     minibatches: int
     microbatches: int
+    pack: bool
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,6 +66,7 @@ from ibpo_jax import models, rewards
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CHARS, SPECIALS, CharTokenizer
 from ibpo_jax.models import attention
+from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.loop import Trainer, build_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -212,21 +213,20 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
     return out
 
 
-def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, key) -> dict:
-    """Our update's parts at the last step's shapes, each jitted alone (best of 3, seconds),
-    with XLA's cost analysis of each."""
+def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, key,
+                   plan) -> dict:
+    """Our update's parts at the last step's shapes (its packed rows), each jitted alone (best
+    of 3, seconds), with XLA's cost analysis of each."""
     c, o = trainer.base.config, trainer.base.options
-    p, r = rollout.prompt.shape[1], rollout.response.shape[1]
-    mask = jnp.arange(r)[None, :] < rollout.response_len[:, None]
-    prompt_mask = jnp.arange(p)[None, :] >= (p - rollout.prompt_len)[:, None]
-    tokens = jnp.concatenate([rollout.prompt, rollout.response], axis=1)
-    attn_mask = jnp.concatenate([prompt_mask, mask], axis=1)
+    tokens, segments, _ = packing.pack(plan, rollout.prompt, rollout.prompt_len,
+                                       rollout.response, rollout.response_len)
 
     def logp(prm, entropy):
-        return models.token_logprobs(c, o, prm, tokens, attn_mask, return_entropy=entropy)
+        return models.token_logprobs(c, o, prm, tokens, segment_ids=segments,
+                                     return_entropy=entropy)
 
     def masked_sum(prm):
-        return jnp.sum(jnp.where(mask, logp(prm, False).logprobs[:, p:], 0.0))
+        return jnp.sum(logp(prm, False).logprobs)  # 0 at padding and each row's first token
 
     def opt_step(prm, opt_state, grads):
         upd, opt_state = trainer.optimizer.update(grads, opt_state, prm)
@@ -237,7 +237,9 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
     qkv = jax.random.normal(jax.random.key(0), (3, n, c.num_key_value_heads,
                                                 c.num_groups, t, c.head_dim))
     q, k, v = qkv[0], qkv[1][:, :, 0], qkv[2][:, :, 0]
-    bias = attention.mask_bias(jnp.tril(jnp.ones((t, t), bool))[None] & attn_mask[:, None, :])
+    bias = attention.mask_bias(jnp.tril(jnp.ones((t, t), bool))[None]
+                               & (segments[:, :, None] == segments[:, None, :])
+                               & (segments > 0)[:, None, :])
 
     def attn_sum(q, k, v):
         return jnp.sum(attention.self_attention(q, k, v, bias))
@@ -264,7 +266,7 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
 
         def whole():
             jax.block_until_ready(update(jax.tree.map(jnp.copy, state), ref_params, rollout,
-                                         cred, key))
+                                         cred, key, plan))
 
         whole()
         out["update_total"] = best_time(whole, 3, 1)

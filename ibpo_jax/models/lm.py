@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import sharding
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
-from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
+from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask, positions_from_segments
 
 Array = jax.Array
 
@@ -80,22 +80,36 @@ def _stats(logits: Array, targets: Array, with_entropy: bool) -> tuple[Array, Ar
 
 
 def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Array,
-                   attention_mask: Array | None = None, *, temperature: float = 1.0,
-                   return_entropy: bool = False, return_values: bool = False,
-                   logits_chunk: int = 0,
+                   attention_mask: Array | None = None, *, segment_ids: Array | None = None,
+                   temperature: float = 1.0, return_entropy: bool = False,
+                   return_values: bool = False, logits_chunk: int = 0,
                    layout: sharding.ShardingSpec = sharding.TRAINING) -> TokenLogprobs:
     """log softmax(logits / temperature) of each next token, in float32.
 
-    tokens, attention_mask: [B, T]. `logits_chunk` > 0 computes the unembedding and
-    log-softmax over chunks of that many positions, each rematerialized in the backward pass,
-    so the [B, T, V] float32 logits never exist whole (large vocabularies); 0 = in one go.
+    tokens, attention_mask: [B, T]. Packed rows instead give `segment_ids` [B, T] int (0 =
+    padding, else the id of the contiguous sequence a token belongs to; no attention_mask):
+    attention and positions stay within each sequence, and a sequence's first token gets
+    log-prob 0 like column 0. `logits_chunk` > 0 computes the unembedding and log-softmax over
+    chunks of that many positions, each rematerialized in the backward pass, so the [B, T, V]
+    float32 logits never exist whole (large vocabularies); 0 = in one go.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    mask = _check_tokens(tokens, attention_mask)
     model = Qwen3(config, options, layout)
     variables = {"params": params}
-    hidden, _ = model.apply(variables, tokens, positions_from_mask(mask), mask,
+    if segment_ids is None:
+        mask = _check_tokens(tokens, attention_mask)
+        positions, same = positions_from_mask(mask), None
+    else:
+        if attention_mask is not None:
+            raise ValueError("give attention_mask or segment_ids, not both")
+        if segment_ids.shape != tokens.shape:
+            raise ValueError(f"segment_ids shape {segment_ids.shape} != tokens shape "
+                             f"{tokens.shape}")
+        mask = _check_tokens(tokens, None) & (segment_ids > 0)
+        positions = positions_from_segments(segment_ids)
+        same = segment_ids[:, 1:] == segment_ids[:, :-1]
+    hidden, _ = model.apply(variables, tokens, positions, mask, segment_ids,
                             method=Qwen3.encode)
     h, targets = hidden[:, :-1], tokens[:, 1:]
 
@@ -116,6 +130,8 @@ def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, toke
         lp, ent = jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t],
                                out)
     valid = mask[:, 1:] & mask[:, :-1]  # a real target predicted from a real position
+    if same is not None:
+        valid &= same  # ... of the same sequence
     pad_col = jnp.zeros((b, 1), jnp.float32)
     lp = jnp.concatenate([pad_col, jnp.where(valid, lp, 0.0)], axis=1)
     if ent is not None:

@@ -66,6 +66,16 @@ def positions_from_mask(mask: Array) -> Array:
     return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
+def positions_from_segments(segments: Array) -> Array:
+    """Position ids [B, T] int32 of packed rows: segments [B, T] int (0 = padding, else the id
+    of the sequence the token belongs to; each sequence contiguous) -> the offset of each token
+    from its sequence's first token."""
+    t = jnp.arange(segments.shape[-1], dtype=jnp.int32)
+    first = jnp.concatenate([jnp.ones_like(segments[:, :1], bool),
+                             segments[:, 1:] != segments[:, :-1]], axis=-1)
+    return t - jax.lax.cummax(jnp.where(first, t, 0), axis=segments.ndim - 1)
+
+
 def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
     """cos, sin [..., H/2] float32 for integer positions [...] (HF default RoPE; HF repeats
     these tables twice along H)."""
@@ -309,15 +319,18 @@ class Qwen3(nn.Module):
         x = jnp.take(self.embedding, tokens, axis=0, mode="clip").astype(self.options.dtype)
         return sharding.constrain(x, self.layout.act_btd)
 
-    def encode(self, tokens: Array, positions: Array, mask: Array
-               ) -> tuple[Array, tuple[Array, Array]]:
+    def encode(self, tokens: Array, positions: Array, mask: Array,
+               segments: Array | None = None) -> tuple[Array, tuple[Array, Array]]:
         """tokens, positions [B, T] int32, mask [B, T] bool -> final-normed hidden [B, T, D]
         and every layer's (k, v) [B, K, T, H], stacked [L, ...] when scanned, else tuples of
-        L arrays (dead code unless a prompt cache uses them)."""
+        L arrays (dead code unless a prompt cache uses them). With `segments` [B, T] int
+        (packed rows), a token sees only the earlier tokens of its own segment."""
         t = tokens.shape[1]
-        causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+        allowed = jnp.tril(jnp.ones((t, t), dtype=bool))[None] & mask[:, None, :]  # [B, T, S]
+        if segments is not None:
+            allowed &= segments[:, :, None] == segments[:, None, :]
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        ctx = SeqContext(cos, sin, attention.mask_bias(causal[None] & mask[:, None, :]))
+        ctx = SeqContext(cos, sin, attention.mask_bias(allowed))
         x, kv = self._layers(self._embed(tokens), None, ctx)
         return rms_norm(x, self.final_norm, self.config.rms_norm_eps, self.options.dtype), kv
 

@@ -27,7 +27,7 @@ from ibpo_jax.config import RunConfig
 from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.trainer import evaluation, policy, step
+from ibpo_jax.trainer import evaluation, packing, policy, step
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics
@@ -152,6 +152,17 @@ class Trainer:
             temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
             num_samples=cfg.eval.samples, **sample_opts)
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
+        # Packed update rows (trainer/packing.py), unless a cancellation transform needs each
+        # group's rows together; packed-row counts split into the minibatch x micro-batch
+        # chunks, each over the mesh's batch devices when the batch allows.
+        self.pack = cfg.optim.pack and cfg.cancellation.transform == "none"
+        if self.pack:
+            rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+            chunks = cfg.optim.minibatches * cfg.optim.microbatches
+            devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+            self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
+        else:
+            self.say("update: rows unpacked (cancellation.transform needs whole groups)")
         self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
         self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
                                  donate_argnums=0, out_shardings=(self.state_shardings, None))
@@ -211,9 +222,17 @@ class Trainer:
         t2 = time.perf_counter()
 
         place = lambda x: sharding.global_array(x, _rows_sharding(self.mesh, np.ndim(x)))
+        prompt_len = np.repeat(prompts.lengths, g)
+        if self.pack:
+            plan = packing.first_fit(prompt_len, lengths, prompts.tokens.shape[1] + tokens.shape[1],
+                                     multiple=self.pack_multiple)
+        else:
+            plan = packing.identity(prompt_len, prompts.tokens.shape[1], g)
+        plan = packing.place(plan, lambda x: sharding.global_array(
+            x, NamedSharding(self.mesh, P())))
         rollout = step.Rollout(
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
-            prompt_len=place(np.repeat(prompts.lengths, g)),
+            prompt_len=place(prompt_len),
             response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
             reward=place(reward.astype(np.float32)), correct=place(correct), ended=place(ended))
         with jax.set_mesh(self.mesh):
@@ -221,7 +240,7 @@ class Trainer:
             jax.block_until_ready(cred)
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
-                                                        cred, update_key)
+                                                        cred, update_key, plan)
             jax.block_until_ready(self.state)
         t4 = time.perf_counter()
 
@@ -231,6 +250,7 @@ class Trainer:
         metrics.update(
             budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit
             prompts_truncated=prompts.truncated,
+            packed_rows_frac=plan.rows / len(lengths),  # update rows / rollout rows
             tokens_per_s=int(lengths.sum()) / (t4 - t0),
             time_rollout_s=t1 - t0, time_reward_s=t2 - t1, time_phi_s=t3 - t2,
             time_update_s=t4 - t3,

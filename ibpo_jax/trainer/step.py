@@ -24,6 +24,7 @@ import optax
 from ibpo_jax import advantages, cancellation, comparison, losses, models
 from ibpo_jax.config import RunConfig
 from ibpo_jax.registry import ESTIMATORS, LOSSES
+from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.state import TrainState
 
 
@@ -210,10 +211,13 @@ def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str
 
 
 class _Batch(NamedTuple):
-    """Per-row training inputs; every field has N rows."""
+    """The update's inputs: the model's packed rows (`packing`), and per rollout row its
+    training arrays ([N, ...]) and where its response sits in the packed rows."""
 
-    tokens: jax.Array  # [N, P + R]
-    attention: jax.Array  # [N, P + R]
+    tokens: jax.Array  # [M, W] packed rows
+    segments: jax.Array  # [M, W] int32, row i's tokens carry i + 1
+    bin: jax.Array  # [N] packed row of each rollout row
+    first: jax.Array  # [N] packed column of its first response token
     mask: jax.Array  # [N, R]
     response: jax.Array  # [N, R]
     sample_logp: jax.Array  # [N, R] the sampler's log-probs (for the mismatch metric)
@@ -224,34 +228,38 @@ class _Batch(NamedTuple):
     returns: jax.Array  # [N, R] (PPO) or [N, 0]
 
 
-def _response_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
-                    entropy: bool = False, values: bool = False):
-    out = models.token_logprobs(spec.model, spec.options, params, tokens, attention,
-                                temperature=spec.temperature, return_entropy=entropy,
-                                return_values=values, logits_chunk=spec.logits_chunk)
-    cut = lambda x: None if x is None else x[:, p: p + r]  # entry t predicts tokens[t]
-    # The value of the state before response token t is the head on tokens[:P + t].
-    vals = None if out.values is None else out.values[:, p - 1: p + r - 1]
-    return cut(out.logprobs), cut(out.entropy), vals
+def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
+                 entropy: bool = False, values: bool = False):
+    """Log-probs (entropy, values) [N, R] of the rollout rows inside packed rows `rows` [C]
+    (0 for the others), and which rollout rows those are [N] bool."""
+    out = models.token_logprobs(spec.model, spec.options, params, b.tokens[rows],
+                                segment_ids=b.segments[rows], temperature=spec.temperature,
+                                return_entropy=entropy, return_values=values,
+                                logits_chunk=spec.logits_chunk)
+    local = packing.local_rows(rows, b.bin, b.tokens.shape[0])
+    r = b.mask.shape[1]
+    get = lambda x, first: None if x is None else packing.unpack(x, local, first, r)
+    # The value of the state before response token j is the head on the tokens before it.
+    return (get(out.logprobs, b.first), get(out.entropy, b.first),
+            get(out.values, b.first - 1), local >= 0)
 
 
-def _frozen_stats(spec: StepSpec, params: Any, tokens, attention, p: int, r: int, *,
-                  entropy: bool = False, values: bool = False):
-    """`_response_stats` of frozen params (π_ref, π_old) in sequence over row chunks the size
-    of one gradient micro-batch (minibatches x microbatches chunks): with micro-batching on,
-    these whole-batch passes neither set the peak memory nor leave the working set the
-    micro-batch size was chosen for (no activations are kept for a backward pass)."""
+def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, *, entropy: bool = False,
+                  values: bool = False):
+    """`_chunk_stats` of frozen params (π_ref, π_old) for every rollout row, in sequence over
+    chunks the size of one gradient micro-batch (minibatches x microbatches chunks): they
+    neither set the peak memory nor leave the working set the micro-batch size was chosen
+    for (no activations are kept for a backward pass)."""
     params = jax.lax.stop_gradient(params)
-    m = spec.microbatches * spec.minibatches
-    if m == 1:
-        return _response_stats(spec, params, tokens, attention, p, r, entropy=entropy,
-                               values=values)
-    # Chunk k = rows k, k + m, ...: every chunk spans all data shards (no idle devices).
-    chunks = lambda x: x.reshape(x.shape[0] // m, m, *x.shape[1:]).swapaxes(0, 1)
-    out = jax.lax.map(lambda ta: _response_stats(spec, params, *ta, p, r, entropy=entropy,
-                                                 values=values),
-                      (chunks(tokens), chunks(attention)))
-    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), out)
+    m, n = b.tokens.shape[0], spec.microbatches * spec.minibatches
+    # Chunk k = packed rows k, k + n, ...: every chunk spans all data shards (no idle devices).
+    chunks = jnp.arange(m).reshape(m // n, n).T
+    one = lambda rows: _chunk_stats(spec, params, b, rows, entropy=entropy, values=values)[:3]
+    out = one(chunks[0])
+    if n > 1:  # a rollout row lies in exactly one chunk: the chunks' outputs add up
+        out, _ = jax.lax.scan(lambda acc, rows: (jax.tree.map(jnp.add, acc, one(rows)), None),
+                              out, chunks[1:])
+    return out
 
 
 def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
@@ -281,18 +289,13 @@ def _transformed(spec: StepSpec, b: _Batch, weights: jax.Array) -> jax.Array:
     return w.reshape(weights.shape)
 
 
-def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Array,
-                 w: jax.Array | None = None, w_transformed: jax.Array | None = None
+def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Array
                  ) -> dict[str, losses.Stat]:
     """DESIGN §5 cancellation residuals of the on-policy gradient (ratio 1), entropy and the
-    sampler-vs-trainer log-prob mismatch, as Stats that add up over micro-batches.
-
-    w, w_transformed: the on-policy token weights (and their transform) when the caller has
-    them already; computed here otherwise."""
+    sampler-vs-trainer log-prob mismatch, over the whole rollout batch."""
     sg = jax.lax.stop_gradient
     old_logp, entropy = sg(old_logp), sg(entropy)
-    if w is None:
-        w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
+    w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
 
     def residual(weights, whole):
         num, den = _per_group(spec, lambda t, m, a, ww: cancellation.residual_terms(
@@ -314,81 +317,77 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
         out[f"cancellation_residual_df{round(100 * edge)}"] = losses.Stat(
             num[:, k].sum(), den[:, k].sum())
     if spec.transform != "none":
-        if w_transformed is None:
-            w_transformed = _transformed(spec, b, w)
-        out["cancellation_residual_transformed"] = residual(w_transformed, False)
+        out["cancellation_residual_transformed"] = residual(_transformed(spec, b, w), False)
     return out
 
 
-def _micro_loss(spec: StepSpec, params: Any, b: _Batch, p: int):
-    """(num, (den, metrics)) of one micro-batch of whole groups."""
-    r = b.mask.shape[1]
+def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
+    """(num, (den, metrics, aux)) of the rollout rows in packed rows `rows`. aux: with one
+    update per rollout, this pass's (detached) log-probs and entropy, the on-policy ones."""
     single = spec.single_update
-    logp, entropy, values = _response_stats(spec, params, b.tokens, b.attention, p, r,
-                                            entropy=single, values=spec.is_ppo)
+    logp, entropy, values, here = _chunk_stats(spec, params, b, rows, entropy=single,
+                                               values=spec.is_ppo)
+    b = b._replace(mask=b.mask & here[:, None])  # rows of other chunks count nowhere
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
     old_logp = jax.lax.stop_gradient(logp) if single else b.old_logp
     kw = _loss_kwargs(spec, b, logp, old_logp)
     out = LOSSES.get(spec.loss, key="config.loss.name")(**kw)
     num = out.num
-    # Token weights (stop-gradient): with one update, logp = π_old, so these are also the
-    # on-policy weights the diagnostics need.
-    w = losses.token_weights(spec.loss, **kw) if single or spec.transform != "none" else None
-    w_t = None
-    if spec.transform != "none":
-        w_t = _transformed(spec, b, w)
+    if spec.transform != "none":  # the chunk holds whole groups (identity packing plan)
+        w_t = _transformed(spec, b, losses.token_weights(spec.loss, **kw))
         num, _ = cancellation.reweighted_loss(
             logp=logp, adv=b.adv, weights=w_t, mask=b.mask, ref_logp=kw["ref_logp"],
             beta=spec.beta, kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
             norm_const=spec.norm_const)
     metrics = dict(out.metrics)
-    if single:
-        metrics.update(_diagnostics(spec, b, old_logp, entropy, w, w_t))
     if spec.is_ppo:
         vl = losses.value_loss(values=values, old_values=b.old_values, returns=b.returns,
                                mask=b.mask, clip_eps=spec.value_clip,
                                aggregation=spec.aggregation, norm_const=spec.norm_const)
         num = num + spec.value_coef * vl.num
         metrics.update(vl.metrics)
-    return num, (out.den, metrics)
+    aux = (old_logp, jax.lax.stop_gradient(entropy)) if single else ()
+    return num, (out.den, metrics, aux)
 
 
-def _gradients(spec: StepSpec, params: Any, mb: _Batch, p: int):
-    """Exact gradient of Σnum / Σden over the micro-batches stacked on mb's leading axis."""
-    grad_fn = jax.grad(lambda prm, b: _micro_loss(spec, prm, b, p), has_aux=True)
-    grads, (den, metrics) = grad_fn(params, jax.tree.map(lambda x: x[0], mb))
+def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
+    """Exact gradient of Σnum / Σden over micro-batches, the packed rows chunks[k] [C] each;
+    also the metrics and the added-up aux of the micro-batches."""
+    grad_fn = jax.grad(lambda prm, rows: _micro_loss(spec, prm, b, rows), has_aux=True)
+    grads, (den, metrics, aux) = grad_fn(params, chunks[0])
     if spec.microbatches > 1:
-        def body(carry, b):
-            acc, den_acc, m_acc = carry
-            g, (d, m) = grad_fn(params, b)
-            return (jax.tree.map(jnp.add, acc, g), den_acc + d,
-                    losses.combine_metrics(m_acc, m)), None
+        def body(carry, rows):
+            acc, den_acc, m_acc, aux_acc = carry
+            g, (d, m, a) = grad_fn(params, rows)
+            return (jax.tree.map(jnp.add, acc, g), den_acc + d, losses.combine_metrics(m_acc, m),
+                    jax.tree.map(jnp.add, aux_acc, a)), None
 
-        (grads, den, metrics), _ = jax.lax.scan(
-            body, (grads, den, metrics), jax.tree.map(lambda x: x[1:], mb))
+        (grads, den, metrics, aux), _ = jax.lax.scan(body, (grads, den, metrics, aux),
+                                                     chunks[1:])
     grads = jax.tree.map(lambda x: losses.safe_div(x, den), grads)
-    return grads, metrics
+    return grads, metrics, aux
 
 
 def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: TrainState,
-           ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array
-           ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """Policy updates on one rollout batch (epochs x minibatches optimizer steps)."""
-    p, r = rollout.prompt.shape[1], rollout.response.shape[1]
+           ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array,
+           plan: packing.Plan) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
+    passes on the rollout's rows packed as `plan` says."""
+    r = rollout.response.shape[1]
     mask = response_mask(rollout.response_len, r)
-    prompt_mask = jnp.arange(p)[None, :] >= (p - rollout.prompt_len)[:, None]
-    tokens = jnp.concatenate([rollout.prompt, rollout.response], axis=1)
-    attention = jnp.concatenate([prompt_mask, mask], axis=1)
+    tokens, segments, first = packing.pack(plan, rollout.prompt, rollout.prompt_len,
+                                           rollout.response, rollout.response_len)
     n = mask.shape[0]
-
-    ref_logp = (_frozen_stats(spec, ref_params, tokens, attention, p, r)[0]
-                if spec.beta > 0 else jnp.zeros(mask.shape))
     empty = jnp.zeros((n, 0))
+    batch = _Batch(tokens, segments, plan.bin, first, mask, rollout.response,
+                   rollout.sample_logp, empty, jnp.zeros(mask.shape), cred.adv, empty, empty)
+    if spec.beta > 0:
+        batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch)[0])
     old_logp, entropy, old_values = empty, None, empty
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front
-        old_logp, entropy, values = _frozen_stats(
-            spec, state.params, tokens, attention, p, r, entropy=True, values=spec.is_ppo)
+        old_logp, entropy, values = _frozen_stats(spec, state.params, batch, entropy=True,
+                                                  values=spec.is_ppo)
         old_values = empty if values is None else values
     adv, returns = cred.adv, empty
     if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
@@ -400,37 +399,36 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
             mean = jnp.sum(adv * mask) / jnp.maximum(mask.sum(), 1)
             var = jnp.sum(jnp.square(adv - mean) * mask) / jnp.maximum(mask.sum(), 1)
             adv = jnp.where(mask, (adv - mean) / (jnp.sqrt(var) + spec.adv_eps), 0.0)
-    batch = _Batch(tokens, attention, mask, rollout.response, rollout.sample_logp, old_logp,
-                   ref_logp, adv, old_values, returns)
-    diagnostics = {} if spec.single_update else _diagnostics(spec, batch, old_logp, entropy)
+    batch = batch._replace(old_logp=old_logp, adv=adv, old_values=old_values, returns=returns)
 
-    g = spec.group_size
-    n_groups = n // g
-    per_update = n_groups // spec.minibatches
+    units = plan.rows // plan.unit  # partition units: whole groups, or single packed rows
+    per_update = units // spec.minibatches
 
     def one_update(st: TrainState, idx: jax.Array):
-        """idx: [groups of this minibatch]."""
-        rows = (idx[:, None] * g + jnp.arange(g)[None, :]).reshape(-1)
-        per_micro = rows.shape[0] // spec.microbatches
-        mb = jax.tree.map(
-            lambda x: x[rows].reshape(spec.microbatches, per_micro, *x.shape[1:]), batch)
-        grads, m = _gradients(spec, st.params, mb, p)
+        """idx: [units of this minibatch]."""
+        rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(
+            spec.microbatches, -1)
+        grads, m, aux = _gradients(spec, st.params, batch, rows)
         grad_norm = optax.global_norm(grads)
         ok = jnp.isfinite(grad_norm) & jnp.isfinite(losses.safe_div(*m["pg_loss"]))
         updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
         params = optax.apply_updates(st.params, updates)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
         new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
-        return new, (m, grad_norm, ~ok)
+        return new, (m, grad_norm, ~ok, aux)
 
     orders = []
     for epoch in range(spec.epochs):
-        order = jnp.arange(n_groups)
+        order = jnp.arange(units)
         if spec.minibatches > 1:
-            order = jax.random.permutation(jax.random.fold_in(key, epoch), n_groups)
+            order = jax.random.permutation(jax.random.fold_in(key, epoch), units)
         orders.append(order.reshape(spec.minibatches, per_update))
-    orders = jnp.concatenate(orders, axis=0)  # [epochs * minibatches, groups per update]
-    state, (upd_metrics, grad_norms, skipped) = jax.lax.scan(one_update, state, orders)
+    orders = jnp.concatenate(orders, axis=0)  # [epochs * minibatches, units per update]
+    state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, orders)
+    # On-policy diagnostics: from π_old's pass up front, or (one update) the gradient pass's.
+    if spec.single_update:
+        old_logp, entropy = (x[0] for x in aux)
+    diagnostics = _diagnostics(spec, batch, old_logp, entropy)
 
     metrics = losses.finalize_metrics(diagnostics)
     # Over the step's updates (the first is on-policy: ratio 1, nothing clipped; the later ones
@@ -452,8 +450,8 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
         jnp.mean(grad_norms))
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
     if spec.log_drift:  # DESIGN §5: mean Δ log π on shared nodes across this step's updates
-        after = _frozen_stats(spec, state.params, tokens, attention, p, r)[0]
-        before = old_logp if old_logp.shape == after.shape else rollout.sample_logp  # π_old
+        after = _frozen_stats(spec, state.params, batch)[0]
+        before = old_logp  # π_old, from its own pass or (one update) the gradient pass
         g = spec.group_size
         for name, whole in (("shared_logprob_drift", False), ("shared_logprob_drift_whole", True)):
             drift = jax.vmap(functools.partial(cancellation.shared_logprob_drift,
