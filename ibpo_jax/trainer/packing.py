@@ -113,7 +113,8 @@ def local_rows(rows: Array, bin: Array, total: int) -> Array:
 
 def unpack(x: Array, local: Array, first: Array, width: int) -> Array:
     """Per-token values of packed rows x [C, W] -> [N, width]: entry [i, j] is x at row
-    local[i], column first[i] + j (0 for rows not in the chunk, local = -1)."""
+    local[i], column first[i] + j (0 for rows not in the chunk, local = -1). Entries past a
+    row's own length hold whatever follows it (callers mask them)."""
     c, w = x.shape
     idx = local[:, None] * w + first[:, None] + jnp.arange(width)[None, :]
     out = jnp.take(x.reshape(-1), jnp.clip(idx, 0, c * w - 1))
