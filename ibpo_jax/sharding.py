@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -134,11 +135,16 @@ def make_mesh(*, data: int = 1, fsdp: int = 1, tensor: int = 1,
 def initialize_distributed(enabled: bool, **kwargs: Any) -> None:
     """Multi-host start-up: `jax.distributed.initialize(**kwargs)` when `enabled` (once).
 
-    Call it first thing in an entry point, before any other jax call. Nothing in the model
-    assumes one process: meshes span `jax.devices()` (all processes), checkpoints are read
-    per addressable shard and written by process 0 only.
+    Call it first thing in an entry point, before any other jax call. What kwargs leave out
+    comes from the cluster (jax's auto-detection: SLURM, Open MPI, Kubernetes, Cloud TPU) or,
+    elsewhere, from JAX_COORDINATOR_ADDRESS (host:port), JAX_NUM_PROCESSES and JAX_PROCESS_ID.
+    Nothing in the model assumes one process: meshes span `jax.devices()` (all processes),
+    checkpoints are read per addressable shard and written by process 0 only.
     """
     if enabled and not jax.distributed.is_initialized():
+        for key, env in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
+            if key not in kwargs and os.environ.get(env):
+                kwargs[key] = int(os.environ[env])
         jax.distributed.initialize(**kwargs)
 
 
@@ -208,6 +214,42 @@ def host_array(x: jax.Array) -> np.ndarray:
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(indices, values) of the rows of a [N, ...] array, split over rows only, that this
+    process's devices hold: every row on one process, this process's share on many."""
+    n = x.shape[0]
+    rows: dict[int, np.ndarray] = {}
+    for shard in x.addressable_shards:
+        if any(sl != slice(None) and sl.indices(dim) != (0, dim, 1)
+               for sl, dim in zip(shard.index[1:], x.shape[1:])):
+            raise ValueError(f"local_rows: array {x.shape} is split beyond its rows "
+                             f"({x.sharding})")
+        data = np.asarray(shard.data)
+        for j, i in enumerate(range(*shard.index[0].indices(n))):
+            rows.setdefault(i, data[j])
+    idx = np.array(sorted(rows), np.int64)
+    return idx, np.stack([rows[i] for i in idx]) if len(idx) else np.zeros((0, *x.shape[1:]))
+
+
+def rows_array(values: Any, rows: np.ndarray, n: int, sharding: jax.sharding.Sharding
+               ) -> jax.Array:
+    """A [N, ...] array placed as `sharding` of which this process knows only rows `rows`
+    (their `values`): each process fills its own devices' slices, which must lie within
+    `rows` (e.g. rows from `local_rows` of an array with the same sharding)."""
+    values = np.asarray(values)
+    full = np.zeros((n, *values.shape[1:]), values.dtype)
+    full[rows] = values
+    known = np.zeros(n, bool)
+    known[rows] = True
+
+    def fill(index):
+        if not known[index[0]].all():
+            raise ValueError("rows_array: a device of this process holds rows it was not given")
+        return full[index]
+
+    return jax.make_array_from_callback(full.shape, sharding, fill)
 
 
 def global_array(x: Any, sharding: jax.sharding.Sharding) -> jax.Array:

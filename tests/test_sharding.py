@@ -123,3 +123,21 @@ def test_constrain_is_a_no_op_without_a_mesh():
 def test_initialize_distributed_only_when_asked():
     sharding.initialize_distributed(False)
     assert not jax.distributed.is_initialized()
+
+
+def test_local_rows_and_rows_array_round_trip_on_a_row_split():
+    """One process holds every row of a row-split array; rows_array rebuilds it from them (and
+    refuses a device's rows it was not given). The two-process case: tests/trainer/test_loop."""
+    mesh = sharding.make_mesh(data=4, tensor=2)
+    x = sharding.global_array(np.arange(24).reshape(8, 3), sharding.batch_sharding(mesh, 2))
+    rows, values = sharding.local_rows(x)
+    np.testing.assert_array_equal(rows, np.arange(8))
+    np.testing.assert_array_equal(values, np.arange(24).reshape(8, 3))
+    y = sharding.rows_array(values[:, 1], rows, 8, sharding.batch_sharding(mesh, 1))
+    np.testing.assert_array_equal(np.asarray(y), np.arange(8) * 3 + 1)
+    assert y.sharding.spec == P(sharding.BATCH)
+    with pytest.raises(ValueError, match="not given"):
+        sharding.rows_array(values[:4, 1], rows[:4], 8, sharding.batch_sharding(mesh, 1))
+    split = jax.device_put(np.zeros((8, 4)), jax.sharding.NamedSharding(mesh, P("data", "tensor")))
+    with pytest.raises(ValueError, match="split beyond its rows"):
+        sharding.local_rows(split)

@@ -5,7 +5,8 @@ For each model size it prints one JSON line with
   both, ours / HF, and both model-FLOPs utilisations against a float32 2048^3 matmul measured in
   the same run (jax and torch each against their own matmul and against the faster of the two);
 - sampling with KV cache (64 prompts of 32 tokens, 64 new tokens, every row runs full length,
-  temperature 1, no top-k/top-p) generated tokens/s of both, ours / HF;
+  temperature 1, no top-k/top-p) generated tokens/s of both, ours / HF, and the bound that our
+  decode's matmuls alone put on that ratio (those matmuls timed by themselves, same weights);
 - compile times of our jitted train step and sampler (prefill + decode), measured separately;
 - the max |logits difference| between the two models on the benchmark batch (sanity).
 
@@ -75,6 +76,30 @@ def train_flops_per_token(cfg: dict) -> float:
                   cfg["num_hidden_layers"])
     matmul_params = L * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v
     return 6 * matmul_params + 6 * L * TRAIN_T * n * h
+
+
+def decode_matmul_floor(m: models.Qwen3LM, rows: int, steps: int, trials: int) -> float:
+    """Seconds for the matmuls alone of `steps` decode steps at `rows` rows (every layer's
+    q/k/v/o and MLP projections and the unembedding, as 2-D matmuls on the model's own
+    weights, chained so that nothing is hoisted): a lower bound on our sampler's time."""
+    c, p = m.config, m.params
+    layers = [p[f"layers_{i}"] for i in range(c.num_hidden_layers)]
+    unembed = p["embedding"].T if c.tie_word_embeddings else p["lm_head"]
+    d = c.hidden_size
+
+    def step(x, _):
+        for lp in layers:
+            a, mlp = lp["attn"], lp["mlp"]
+            qkv = [x @ a[k].reshape(d, -1) for k in ("q_proj", "k_proj", "v_proj")]
+            x = x + qkv[0] @ a["o_proj"].reshape(-1, d) + 0 * (qkv[1].sum() + qkv[2].sum())
+            x = x + (x @ mlp["gate_proj"]) * (x @ mlp["up_proj"]) @ mlp["down_proj"]
+            x = x * 1e-3  # keep values bounded over the steps
+        return x + 0 * jnp.sum(x @ unembed), None
+
+    run = jax.jit(lambda x: jax.lax.scan(step, x, None, length=steps)[0])
+    x = jnp.ones((rows, d), jnp.float32)
+    run(x).block_until_ready()
+    return best_time(lambda: run(x).block_until_ready(), trials, 1)
 
 
 def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
@@ -171,6 +196,7 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
         s_hf = min(s_hf, best_time(hf_generate, 1, 1))
         s_jax = min(s_jax, best_time(jax_generate, 1, 2))
     gen_tokens = SAMPLE_B * SAMPLE_N
+    floor = decode_matmul_floor(m, SAMPLE_B, SAMPLE_N - 1, trials)
     return {
         "size": name, **cfg,
         "logits_max_abs_diff": logits_diff,
@@ -182,6 +208,9 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
         "train_mfu_hf_vs_best_matmul": flops / t_hf / 1e9 / best_peak,
         "sample_tok_s_hf": gen_tokens / s_hf, "sample_tok_s_ours": gen_tokens / s_jax,
         "sample_ratio": s_hf / s_jax,
+        # Our decode's matmuls alone: no sampler of ours can beat this rate on this machine.
+        "sample_tok_s_matmul_floor": gen_tokens / floor,
+        "sample_ratio_bound_by_matmuls": s_hf / floor,
         "compile_s_train_step": train_compile, "compile_s_sampler": sample_compile,
     }
 

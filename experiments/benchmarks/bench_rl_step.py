@@ -7,7 +7,10 @@ a PreTrainedTokenizerFast, checked id for id on every prompt); the same 16 promp
 (step s's prompts come from the same IndexSampler positions on both sides, checked), G = 8,
 64 new tokens, temperature 1, lr 1e-6 (AdamW, constant, grad clip 1.0), beta = 0.01 (k3), fp32.
 Prompt width: ours is static, the run's longest prompt (no truncation); TRL pads each batch to
-its longest. One optimizer update per rollout batch on both sides.
+its longest. One optimizer update per rollout batch on both sides, its gradient accumulated
+over micro-batches of MICRO_ROWS = 32 rows on both sides (ours: optim.microbatches = 4; TRL:
+per_device_train_batch_size 32, gradient_accumulation_steps = steps_per_generation = 4, so it
+still generates all 128 completions at once).
 One step = sample 128 completions, score them (arith checker -> {-1, +1}), one optimizer update.
 
 - ours: `Trainer.rl_step` with configs/gspo.py and configs/ibpo_gspo.py (ibpo_gspo adds φ). With
@@ -77,6 +80,9 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = dict(vocab_size=len(SPECIALS) + len(CHARS), hidden_size=256, intermediate_size=768,
              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32)
 PROMPTS, G, NEW_TOKENS, LR, BETA = 16, 8, 64, 1e-6, 0.01
+# Forward / backward in micro-batches of this many rows on both sides (gradient accumulation,
+# the same gradient): on this CPU a whole 128-row batch spills out of the caches.
+MICRO_ROWS = 32
 GSPO_EPS = (3e-4, 4e-4)  # configs/base.py's GSPO clip range, given to TRL too
 ALGOS = ("gspo", "ibpo_gspo")
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
@@ -128,6 +134,7 @@ def our_config(algo: str, ckpt: Path, data_dir: Path, steps: int,
         ("rollout.max_new_tokens", str(NEW_TOKENS)), ("rollout.temperature", "1.0"),
         ("optim.lr", str(LR)), ("optim.warmup_steps", "0"), ("loss.beta", str(BETA)),
         ("optim.minibatches", "1"),  # one update per rollout batch, as TRL's num_iterations=1
+        ("optim.microbatches", str(PROMPTS * G // MICRO_ROWS)),  # TRL: gradient accumulation
         ("task.data_dir", str(data_dir)), ("train.progress", "false"),
         ("train.steps", str(steps)),
     ])
@@ -326,8 +333,9 @@ def bench_trl(ckpt: Path, records: list[dict], prompt_text, args, prompt_lens: n
     data = datasets.Dataset.from_list(
         [{"prompt": prompt_text(r), "record_index": i} for i, r in enumerate(records)])
     config = GRPOConfig(
-        output_dir=str(workdir), per_device_train_batch_size=PROMPTS * G,
-        gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+        output_dir=str(workdir), per_device_train_batch_size=MICRO_ROWS,
+        gradient_accumulation_steps=PROMPTS * G // MICRO_ROWS,
+        steps_per_generation=PROMPTS * G // MICRO_ROWS, num_iterations=1,
         num_generations=G, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
         top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, max_grad_norm=1.0, beta=BETA, importance_sampling_level="sequence",
@@ -458,7 +466,8 @@ def main():
             "beta": BETA, "dtype": "float32", "steps": args.steps, "warmup": args.warmup,
             "trl": "importance_sampling_level=sequence, loss_type=grpo, epsilon 3e-4/4e-4, "
                    "scale_rewards=group, use_bias_correction_kl=False, "
-                   "gradient_checkpointing=False, num_iterations=1, generation batch 128"},
+                   "gradient_checkpointing=False, num_iterations=1, generation batch 128, "
+                   f"micro-batches of {MICRO_ROWS} rows (gradient accumulation)"},
         "flops_formula": "generate 2N(prompt + generated tokens) + update 6N(prompt + response "
                          "tokens of all rows) + 2N(same) per log-prob pass (ours: old + ref; "
                          "TRL: ref only); N = matmul weights incl. tied unembedding",

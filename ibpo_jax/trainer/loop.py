@@ -211,17 +211,22 @@ class Trainer:
                                  cfg.rollout.max_prompt_len)
         with jax.set_mesh(self.mesh):
             out = self.generate(self.state.params, prompts.tokens, prompts.lengths, gen_key)
-        tokens, lengths = sharding.host_array(out.tokens), sharding.host_array(out.lengths)
+        # Each process scores the rows its devices hold; every row's length is needed by all
+        # (the packing plan, identical on every process).
+        rows, tokens = sharding.local_rows(out.tokens)
+        lengths = sharding.host_array(out.lengths)
         t1 = time.perf_counter()
 
-        texts = decode_responses(tok, tokens, lengths)
-        reward, infos = self.pool.score([r for r in records for _ in range(g)], texts)
-        correct = np.array([bool(i["correct"]) for i in infos])
-        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
-        ended = np.isin(last_token, tok.eos_ids) & (lengths > 0)
+        texts = decode_responses(tok, tokens, lengths[rows])
+        reward, infos = self.pool.score([records[i // g] for i in rows], texts)
+        correct = np.array([bool(i["correct"]) for i in infos], bool)
+        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths[rows] - 1, 0)]
+        ended = np.isin(last_token, tok.eos_ids) & (lengths[rows] > 0)
         t2 = time.perf_counter()
 
+        n = len(lengths)
         place = lambda x: sharding.global_array(x, _rows_sharding(self.mesh, np.ndim(x)))
+        mine = lambda x: sharding.rows_array(x, rows, n, _rows_sharding(self.mesh, np.ndim(x)))
         prompt_len = np.repeat(prompts.lengths, g)
         if self.pack:
             plan = packing.first_fit(prompt_len, lengths, prompts.tokens.shape[1] + tokens.shape[1],
@@ -234,7 +239,7 @@ class Trainer:
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
             prompt_len=place(prompt_len),
             response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
-            reward=place(reward.astype(np.float32)), correct=place(correct), ended=place(ended))
+            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended))
         with jax.set_mesh(self.mesh):
             cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
             jax.block_until_ready(cred)
@@ -246,7 +251,8 @@ class Trainer:
 
         metrics = {k: float(v) for k, v in
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
-        metrics.update(_first_error_agreement(cred, correct, infos, g))
+        metrics.update(_first_error_agreement(cred, sharding.host_array(rollout.correct), rows,
+                                              infos, g))
         metrics.update(
             budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit
             prompts_truncated=prompts.truncated,
@@ -310,18 +316,22 @@ def run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     return rows
 
 
-def _first_error_agreement(cred: step.Credit, correct: np.ndarray, infos: list[dict],
-                           g: int) -> dict[str, float]:
+def _first_error_agreement(cred: step.Credit, correct: np.ndarray, rows: np.ndarray,
+                           infos: list[dict], g: int) -> dict[str, float]:
     """How often φ's first-error position equals the checker's first wrong step (tasks whose
-    checker reports one, e.g. arith): over wrong responses of groups with a correct one."""
+    checker reports one, e.g. arith): over wrong responses of groups with a correct one.
+    correct: every row's; rows, infos: the rows this process scored and their checker reports
+    (the counts are summed over processes)."""
     truth = [i.get("first_wrong_step") for i in infos]
-    if all(t is None for t in truth):
-        return {}
-    found = sharding.host_array(cred.first_error).reshape(-1)
+    found = sharding.host_array(cred.first_error).reshape(-1)  # collective: every process
     groups = correct.reshape(-1, g)
     scored = (~groups & groups.any(axis=1, keepdims=True)).reshape(-1)
-    pairs = [(int(f), t) for f, t, k in zip(found, truth, scored) if k and t is not None]
-    if not pairs:
-        return {}
-    return {"first_error_agreement": float(np.mean([f == t for f, t in pairs]))}
+    pairs = [(int(found[i]), t) for i, t in zip(rows, truth) if scored[i] and t is not None]
+    counts = np.array([sum(f == t for f, t in pairs), len(pairs)], np.int64)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
 
+        counts = np.asarray(multihost_utils.process_allgather(counts)).reshape(-1, 2).sum(0)
+    if not counts[1]:
+        return {}
+    return {"first_error_agreement": float(counts[0] / counts[1])}

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -128,15 +129,11 @@ def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, data_dir, 
     assert _comparable(resumed) == _comparable(uninterrupted)  # bitwise: floats compared exactly
 
 
-def test_mesh_of_8_devices_matches_one_device(uninterrupted, data_dir, tmp_path):
-    cmd, env = _train_cmd(tmp_path, data_dir, 8, "--config.mesh.data=2",
-                          "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
-    subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
-    sharded = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in sharded] == [r["step"] for r in uninterrupted]
-    # Tolerance: sharded matmuls reduce in another order (float32 rounding, ~1e-6 relative);
-    # rewards and accuracies are discrete and must agree exactly.
-    for a, b in zip(_comparable(uninterrupted), _comparable(sharded)):
+def _assert_same_run(rows, reference):
+    """Tolerance: sharded matmuls reduce in another order (float32 rounding, ~1e-6 relative);
+    rewards and accuracies are discrete and must agree exactly."""
+    assert [r["step"] for r in rows] == [r["step"] for r in reference]
+    for a, b in zip(_comparable(reference), _comparable(rows)):
         assert a.keys() == b.keys()
         for key in a:
             if key in ("reward_mean", "accuracy", "eval_accuracy", "response_len_mean"):
@@ -144,6 +141,13 @@ def test_mesh_of_8_devices_matches_one_device(uninterrupted, data_dir, tmp_path)
             else:
                 assert math.isclose(a[key], b[key], rel_tol=1e-3, abs_tol=1e-4), (
                     a["step"], key, a[key], b[key])
+
+
+def test_mesh_of_8_devices_matches_one_device(uninterrupted, data_dir, tmp_path):
+    cmd, env = _train_cmd(tmp_path, data_dir, 8, "--config.mesh.data=2",
+                          "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
 
 
 def test_bad_config_value_stops_at_start_up_naming_the_key():
@@ -165,3 +169,25 @@ def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninte
     cells = [c.strip() for c in row.strip("|").split("|")]
     evals = [r["eval_accuracy"] for r in uninterrupted if "eval_accuracy" in r]
     assert cells[2] == f"{100 * evals[0]:.1f}" and cells[3] == f"{100 * evals[-1]:.1f}"
+
+
+def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
+    """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
+    mesh over all 4) each score only the rows their devices hold, write one run together
+    (metrics from process 0, checkpoints from both) and match the one-device run."""
+    with socket.socket() as s:  # a free port for the coordinator
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for i in range(2):
+        cmd, env = _train_cmd(tmp_path, data_dir, 2, "--config.train.distributed=true",
+                              "--config.mesh.data=-1")
+        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                   JAX_PROCESS_ID=str(i))
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=900)
+        assert p.returncode == 0, out[-3000:]
+    _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
+    assert (tmp_path / "hf_final" / "config.json").exists()
