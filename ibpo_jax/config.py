@@ -4,7 +4,8 @@
 applies ``--config.a.b=value`` overrides, and returns a frozen :class:`RunConfig`. Every key
 is checked here: an unknown key, a value of the wrong type, or an unknown registry name stops
 start-up with one message naming the key (and listing the valid choices). Code below the
-trainer receives these dataclasses and never imports ml_collections.
+trainer receives these dataclasses: importing this module does not import ml_collections (only
+reading a config file does).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import Any
-
-import ml_collections
+from typing import TYPE_CHECKING, Any
 
 from ibpo_jax import registry
+
+if TYPE_CHECKING:
+    import ml_collections
 
 
 class ConfigError(ValueError):
@@ -215,6 +217,8 @@ class RunConfig:
 
 def load_config_dict(spec: str) -> ml_collections.ConfigDict:
     """Runs ``get_config(arg)`` of ``path[:arg]`` and returns the (locked) ConfigDict."""
+    import ml_collections
+
     path_str, _, arg = spec.partition(":")
     path = Path(path_str)
     if not path.is_file():
@@ -244,6 +248,8 @@ def load_config_dict(spec: str) -> ml_collections.ConfigDict:
 
 def apply_override(cfg: ml_collections.ConfigDict, key: str, raw: str) -> None:
     """Sets ``cfg.<key> = raw`` parsed to the type of the existing value."""
+    import ml_collections
+
     *parents, leaf = key.split(".")
     node = cfg
     for depth, part in enumerate(parents):
@@ -311,7 +317,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 
 def _build(cls: type, node: Any, prefix: str) -> Any:
-    if not isinstance(node, (ml_collections.ConfigDict, dict)):
+    if not hasattr(node, "keys"):  # a ConfigDict or a dict
         raise ConfigError(f"config.{prefix} must be a section, got {node!r}")
     hints = typing.get_type_hints(cls)
     fields = [f.name for f in dataclasses.fields(cls)]
@@ -422,7 +428,7 @@ def from_config_dict(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
 
 def from_dict(d: dict[str, Any]) -> RunConfig:
     """Rebuilds a RunConfig from ``RunConfig.to_dict()`` (checkpoints store it as JSON)."""
-    return from_config_dict(ml_collections.ConfigDict(d))
+    return from_config_dict(d)
 
 
 def load(spec: str, overrides: list[tuple[str, str]] = ()) -> RunConfig:

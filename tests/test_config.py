@@ -1,5 +1,7 @@
 """Config loading: presets, overrides, and one clear error per bad key or value."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,9 @@ def test_bad_files_and_presets(tmp_path):
 def test_round_trip_through_dict():
     c = config.load("configs/ibpo_ppo.py:smoke")
     assert config.from_dict(c.to_dict()) == c
+
+
+def test_modules_below_the_trainer_do_not_import_ml_collections():
+    code = ("import sys; import ibpo_jax.trainer.loop, ibpo_jax.trainer.step, ibpo_jax.config; "
+            "assert 'ml_collections' not in sys.modules, 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

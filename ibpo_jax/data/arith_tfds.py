@@ -122,11 +122,24 @@ def _quiet_tfds():
         absl_logging.set_verbosity(verbosity)
 
 
+@contextlib.contextmanager
+def _scratch_tempdir():
+    """A builder of a not-yet-prepared dataset makes an empty temporary directory (tfds's
+    DatasetInfo.initialize_from_bucket) and never removes it; make it inside one we remove."""
+    old = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix="ibpo-tfds-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = old
+
+
 def _make_builder(config: ArithBuilderConfig, data_dir: str) -> IbpoArith:
     # tfds refuses a custom config object named like a predefined one (a ladder level), even an
     # equal one; the name encodes every field, so the predefined object is the same config.
     config = IbpoArith.builder_configs.get(config.name, config)
-    with _quiet_tfds():
+    with _quiet_tfds(), _scratch_tempdir():
         return IbpoArith(config=config, data_dir=data_dir, file_format="array_record")
 
 

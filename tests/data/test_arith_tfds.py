@@ -30,6 +30,16 @@ def test_tensorflow_is_not_installed_and_files_are_array_record(built):
     assert not [d for d in os.listdir(data_dir) if "incomplete" in d]  # temp dir cleaned
 
 
+def test_building_leaves_no_temporary_directories(tmp_path, monkeypatch):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))  # the process's temp root
+    config = arith_tfds.ArithBuilderConfig.make("level2", **{**SMALL, "seed": 1})
+    arith_tfds.build(config, str(tmp_path / "data"))
+    arith_tfds.build(config, str(tmp_path / "data"))  # prepared: reopened
+    assert os.listdir(scratch) == []
+
+
 def test_splits_sizes_types_and_disjointness(built):
     config, data_dir, _ = built
     splits = {s: arith_tfds.load_split(config, s, data_dir)
