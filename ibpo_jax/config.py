@@ -397,7 +397,8 @@ def _validate(c: RunConfig) -> None:
                           f"config.warm_start.steps={c.warm_start.steps}")
     if c.rollout.group_size < 2 and c.ibpo.operator != "terminal":
         raise ConfigError("config.rollout.group_size must be >= 2 for a comparison operator")
-    # Whole groups per micro-batch: cancellation transforms and group statistics need them.
+    # Whole groups per micro-batch when rows are not packed (cancellation transforms need
+    # them); packed rows split the same way.
     if c.rollout.prompts_per_step % (c.optim.minibatches * c.optim.microbatches):
         raise ConfigError(
             f"config.optim.minibatches x config.optim.microbatches = "

@@ -228,13 +228,7 @@ class Trainer:
         place = lambda x: sharding.global_array(x, _rows_sharding(self.mesh, np.ndim(x)))
         mine = lambda x: sharding.rows_array(x, rows, n, _rows_sharding(self.mesh, np.ndim(x)))
         prompt_len = np.repeat(prompts.lengths, g)
-        if self.pack:
-            plan = packing.first_fit(prompt_len, lengths, prompts.tokens.shape[1] + tokens.shape[1],
-                                     multiple=self.pack_multiple)
-        else:
-            plan = packing.identity(prompt_len, prompts.tokens.shape[1], g)
-        plan = packing.place(plan, lambda x: sharding.global_array(
-            x, NamedSharding(self.mesh, P())))
+        plan = self.packing_plan(prompt_len, lengths, prompts.tokens.shape[1], tokens.shape[1])
         rollout = step.Rollout(
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
             prompt_len=place(prompt_len),
@@ -262,6 +256,18 @@ class Trainer:
             time_update_s=t4 - t3,
         )
         return metrics
+
+    def packing_plan(self, prompt_len: np.ndarray, response_len: np.ndarray,
+                     prompt_width: int, response_width: int) -> packing.Plan:
+        """Where the update's model passes put each rollout row (every row's lengths, the
+        same on every process), on the mesh."""
+        if self.pack:
+            plan = packing.first_fit(prompt_len, response_len, prompt_width + response_width,
+                                     multiple=self.pack_multiple)
+        else:
+            plan = packing.identity(prompt_len, prompt_width, self.cfg.rollout.group_size)
+        return packing.place(plan, lambda x: sharding.global_array(
+            x, NamedSharding(self.mesh, P())))
 
     def export_hf(self, path: Path) -> None:
         """The current policy as an HF checkpoint (every process calls it: gathers are

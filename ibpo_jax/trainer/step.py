@@ -6,9 +6,12 @@
            and transforms (DESIGN §5), a NaN/inf guard.
 
 Both take and return device arrays; the trainer calls them back to back with no host round trip
-(only reward scoring, before `credit`, leaves the device). Rows are prompt-major: row b*G + g is
-sample g of prompt b, so [N] reshapes to [B, G] groups. Shapes: N = B*G rows, P prompt columns
-(left-padded), R response columns, U comparison units.
+(only reward scoring, before `credit`, leaves the device, and the host plans the packing from
+the lengths it already has). Rows are prompt-major: row b*G + g is sample g of prompt b, so [N]
+reshapes to [B, G] groups. The update's model passes run on the rows packed as a
+`packing.Plan` says; losses, advantages and diagnostics stay per rollout row. Shapes: N = B*G
+rows, P prompt columns (left-padded), R response columns, U comparison units, M packed rows of
+W = P + R columns.
 """
 
 from __future__ import annotations
