@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax import config as config_lib
-from ibpo_jax import models, sampling, sharding
+from ibpo_jax import hostmem, models, sampling, sharding
 from ibpo_jax.trainer import evaluation, loop, policy
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, make_optimizer
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="name=path (a TASKS name and its local file); repeatable")
     parser.add_argument("--out", default="", help="write the results as JSON here")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    hostmem.reuse_freed_memory()  # before jax starts its threads
     try:
         cfg = config_lib.load(args.config, config_lib.parse_overrides(rest))
     except config_lib.ConfigError as e:

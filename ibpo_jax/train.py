@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from ibpo_jax import hostmem
+
+    hostmem.reuse_freed_memory()  # before jax starts its threads
     from ibpo_jax import sharding  # jax is imported only once the config is known good
     from ibpo_jax.trainer import loop
 

@@ -10,6 +10,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
+from ibpo_jax import hostmem  # noqa: E402
+
+hostmem.reuse_freed_memory()  # as the entry points do: the tests run jitted steps in-process
+
 settings.register_profile(
     "ibpo",
     deadline=None,

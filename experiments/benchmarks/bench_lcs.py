@@ -26,7 +26,7 @@ import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import LCSseq, Levenshtein
 
-from ibpo_jax import comparison
+from ibpo_jax import comparison, hostmem
 
 VOCAB = 151_936
 CONFIGS = ((64, 4000), (16, 16_000))
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smaller pairs (smoke test)")
     args = parser.parse_args()
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     configs = ((8, 1000), (4, 2000)) if args.quick else CONFIGS
     env = {"jax": jax.__version__, "backend": jax.default_backend(),
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),

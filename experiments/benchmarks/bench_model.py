@@ -32,7 +32,7 @@ import optax
 import torch
 import transformers
 
-from ibpo_jax import models, sampling
+from ibpo_jax import hostmem, models, sampling
 
 SIZES = {
     # vocab 64, hidden 256, 4 layers, 8 heads, 4 kv heads, head_dim 32; MLP 3x hidden
@@ -220,6 +220,7 @@ def main():
     parser.add_argument("--sizes", default="tiny,larger")
     parser.add_argument("--trials", type=int, default=5)
     args = parser.parse_args()
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     peak = matmul_gflops()
     env = {"jax": jax.__version__, "torch": torch.__version__,
            "transformers": transformers.__version__, "cpus": os.cpu_count(),

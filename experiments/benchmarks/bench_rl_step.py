@@ -65,7 +65,7 @@ import torch
 import transformers
 
 from ibpo_jax import config as config_lib
-from ibpo_jax import models, rewards
+from ibpo_jax import hostmem, models, rewards
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CHARS, SPECIALS, CharTokenizer
 from ibpo_jax.models import attention
@@ -404,6 +404,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="smoke check: 3 steps, 2 warm-up")
     parser.add_argument("--data-dir", default="", help="arith dataset cache (default: a temp dir)")
     args = parser.parse_args()
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     if args.quick:
         args.steps, args.warmup = 3, 2
     if not 0 < args.warmup < args.steps:
