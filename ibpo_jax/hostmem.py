@@ -1,15 +1,19 @@
-"""Host memory: let glibc keep freed memory for reuse instead of handing it back to the OS.
+"""Host memory on the CPU backend: reuse XLA's per-execution temporary buffer instead of
+faulting it in again every step.
 
-XLA:CPU allocates each execution's temporary buffer (about 250 MB for a training step of the
-benchmark's tiny Qwen3) with posix_memalign on a worker thread. glibc serves a request that
-large in a thread arena with a fresh mmap and unmaps it on free, so every step page-faults the
-whole buffer in again, 4 KiB at a time: ~60,000 faults per step, ~15 % of a CPU training
-step here. One arena, no mmap for large blocks and no trimming make glibc reuse the same
-memory from step to step (0-100 faults per step). The cost: the process keeps its peak heap.
+XLA:CPU allocates each execution's temporary buffer (254 MB for the benchmark's tiny Qwen3
+training step) with posix_memalign and frees it after. Run on one of its dispatch threads,
+glibc serves a block that large with a fresh mmap and unmaps it at free, so every step
+page-faults the whole buffer in again, 4 KiB at a time: ~62,000 faults, ~15 % of a CPU
+training step here. `reuse_freed_memory()` runs single-device computations on the calling
+thread (jax_cpu_enable_async_dispatch off; the trainer waits for each result anyway) and lets
+that thread's arena, the main one, grow instead of mmapping and keep what is freed: the same
+memory then serves every step (~60 faults). Measured in experiments/benchmarks/RESULTS.md;
+the price is that the process keeps its peak heap. Computations over several devices still
+dispatch asynchronously (and still fault).
 
-Call `reuse_freed_memory()` first thing in a process that runs jax on the CPU, before jax
-starts its threads (the entry points and the benchmarks do). A no-op where the C library is
-not glibc (macOS, musl).
+Call it before the first jax computation (the entry points and benchmarks do). The malloc
+part is a no-op where the C library is not glibc (macOS, musl).
 """
 
 from __future__ import annotations
@@ -18,19 +22,25 @@ import ctypes
 import ctypes.util
 import platform
 
-# mallopt(3) parameters (glibc malloc.h).
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_TEST, _M_ARENA_MAX = -1, -2, -4, -7, -8
+import jax
+from jax._src import xla_bridge
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt(3) parameters (glibc malloc.h)
 _INT_MAX = 2**31 - 1
 
 
 def reuse_freed_memory() -> bool:
-    """Sets glibc's malloc to one arena, no mmap'd blocks, no trimming; True if it did."""
+    """Synchronous single-device CPU dispatch, and glibc's main arena kept, not unmapped;
+    True when both took effect."""
+    if xla_bridge.backends_are_initialized():
+        raise RuntimeError("hostmem.reuse_freed_memory() must run before the first jax "
+                           "computation (the CPU client reads the dispatch mode at start)")
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return False
-    settings = ((_M_ARENA_TEST, 1), (_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0),
-                (_M_TRIM_THRESHOLD, _INT_MAX), (_M_TOP_PAD, 64 << 20))
-    return all(libc.mallopt(param, value) == 1 for param, value in settings)
+    return all(libc.mallopt(param, value) == 1
+               for param, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))

@@ -1,13 +1,15 @@
-"""Page faults of XLA:CPU's per-execution temporary buffer, and what glibc settings change
-(a breakdown for RESULTS.md; nothing here is applied by the library).
+"""Page faults of XLA:CPU's per-execution temporary buffer, and what changes them (a
+breakdown for RESULTS.md).
 
-    python experiments/benchmarks/probe_host_memory.py             # glibc defaults
+    python experiments/benchmarks/probe_host_memory.py             # jax and glibc defaults
+    python experiments/benchmarks/probe_host_memory.py --hostmem   # ibpo_jax.hostmem (used by
+                                                                   # the entry points)
     python experiments/benchmarks/probe_host_memory.py --mallopt   # one arena, no mmap, no trim
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python experiments/benchmarks/probe_host_memory.py
 
 Prints the forward + backward time of the tiny benchmark Qwen3 (16 x 128 tokens, as
-bench_model.py's train step) and the minor page faults per step (getrusage). `--mallopt` must
-act before jax starts its threads, so it runs first thing.
+bench_model.py's train step) and the minor page faults per step (getrusage). `--hostmem` and
+`--mallopt` must act before jax starts, so they run first thing.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ def glibc_keep_freed_memory() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hostmem", action="store_true")
     parser.add_argument("--mallopt", action="store_true")
     args = parser.parse_args()
     if args.mallopt:
         glibc_keep_freed_memory()
+    if args.hostmem:
+        from ibpo_jax import hostmem
+
+        hostmem.reuse_freed_memory()
     import jax
     import jax.numpy as jnp
     import numpy as np
