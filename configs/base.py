@@ -130,10 +130,12 @@ def base() -> ml_collections.ConfigDict:
         epochs=1,  # passes over each rollout batch (PPO epochs)
         minibatches=1,  # optimizer updates per epoch
         microbatches=1,  # gradient-accumulation chunks per minibatch
-        # Pack several rollout rows into each row of the update's model passes (no padding
-        # work; same log-probs). Off automatically with a cancellation.transform, which needs
-        # a group's rows together.
-        pack=True,
+        # How the update's model passes see the rollout (same log-probs in each):
+        # "grouped": each prompt encoded once for its G responses (fewest tokens when G > 1);
+        # "packed": rollout rows packed several to a row (no padding work; "rows" instead
+        # with a cancellation.transform, which needs a group's rows together);
+        # "rows": the rollout's own rows.
+        layout="grouped",
     )
     c.mesh = dict(data=-1, fsdp=1, tensor=1)  # -1 = all remaining devices
     c.train = dict(

@@ -145,7 +145,7 @@ class OptimConfig:
     epochs: int
     minibatches: int
     microbatches: int
-    pack: bool
+    layout: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -346,6 +346,7 @@ _CHOICES = {
     "ibpo.granularity": ("step", "token"),
     "ibpo.credit": ("sequence", "token"),
     "optim.schedule": ("constant", "cosine"),
+    "optim.layout": ("grouped", "packed", "rows"),  # trainer/step.py
 }
 
 
@@ -397,8 +398,8 @@ def _validate(c: RunConfig) -> None:
                           f"config.warm_start.steps={c.warm_start.steps}")
     if c.rollout.group_size < 2 and c.ibpo.operator != "terminal":
         raise ConfigError("config.rollout.group_size must be >= 2 for a comparison operator")
-    # Whole groups per micro-batch when rows are not packed (cancellation transforms need
-    # them); packed rows split the same way.
+    # Whole groups per micro-batch ("grouped" and "rows" layouts; cancellation transforms
+    # need them); packed rows split the same way.
     if c.rollout.prompts_per_step % (c.optim.minibatches * c.optim.microbatches):
         raise ConfigError(
             f"config.optim.minibatches x config.optim.microbatches = "

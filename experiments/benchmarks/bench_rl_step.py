@@ -15,7 +15,9 @@ One step = sample 128 completions, score them (arith checker -> {-1, +1}), one o
 
 - ours: `Trainer.rl_step` with configs/gspo.py and configs/ibpo_gspo.py (ibpo_gspo adds φ). With
   one update per rollout batch its update is a reference log-prob pass + one policy forward /
-  backward whose detached log-probs serve as the old ones (+ entropy and diagnostics).
+  backward whose detached log-probs serve as the old ones (+ entropy and diagnostics). Its
+  model passes run in `--layout` (optim.layout; default "grouped": each prompt once for its
+  G responses; "packed" / "rows" run whole rows, as the TRL side does).
 - TRL: `GRPOTrainer` with importance_sampling_level="sequence" (GSPO), loss_type="grpo"
   (sequence mean of token means, as ours), epsilon 3e-4 / 4e-4, group-std scaling, no vLLM,
   use_bias_correction_kl=False (ours does not weight the KL by the ratio), gradient
@@ -126,8 +128,9 @@ def char_tokenizer_fast() -> transformers.PreTrainedTokenizerFast:
 
 
 def our_config(algo: str, ckpt: Path, data_dir: Path, steps: int,
-               max_prompt_len: int = 64) -> config_lib.RunConfig:
+               max_prompt_len: int = 64, layout: str = "grouped") -> config_lib.RunConfig:
     return config_lib.load(f"{REPO}/configs/{algo}.py:arith_tiny", [
+        ("optim.layout", layout),
         ("rollout.max_prompt_len", str(max_prompt_len)),
         ("model.checkpoint", str(ckpt)), ("model.preset", "hf"), ("warm_start.enabled", "false"),
         ("rollout.prompts_per_step", str(PROMPTS)), ("rollout.group_size", str(G)),
@@ -167,7 +170,7 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
                prompt_lens: np.ndarray, peak: float, compiles: _CompileClock,
                profile: bool) -> dict:
     # Static prompt width = the run's longest prompt (TRL pads each batch to its longest).
-    cfg = our_config(algo, ckpt, data_dir, args.steps, int(prompt_lens.max()))
+    cfg = our_config(algo, ckpt, data_dir, args.steps, int(prompt_lens.max()), args.layout)
     n_params = matmul_params(MODEL)
     times, flops, old_pass, compile_s, rows, captured = [], [], [], [], [], {}
     with tempfile.TemporaryDirectory() as work:
@@ -222,13 +225,31 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
 
 def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, key,
                    plan) -> dict:
-    """Our update's parts at the last step's shapes (its packed rows), each jitted alone (best
-    of 3, seconds), with XLA's cost analysis of each."""
-    c, o = trainer.base.config, trainer.base.options
-    tokens, segments, _ = packing.pack(plan, rollout.prompt, rollout.prompt_len,
-                                       rollout.response, rollout.response_len)
+    """Our update's parts at the last step's shapes (its model rows in the trainer's layout),
+    each jitted alone (best of 3, seconds), with XLA's cost analysis of each."""
+    c, o, g = trainer.base.config, trainer.base.options, trainer.spec.group_size
+    grouped = trainer.spec.layout == "grouped"
+    if grouped:
+        mask = jnp.arange(rollout.response.shape[1])[None] < rollout.response_len[:, None]
+        p, r = rollout.prompt.shape[1], rollout.response.shape[1]
+        n, t, s = rollout.response.shape[0], r, p + r  # the responses' attention
+        prompt_mask = jnp.arange(p)[None] >= (p - rollout.prompt_len)[:, None]
+        allowed = jnp.concatenate([jnp.broadcast_to(prompt_mask[:, None], (n, t, p)),
+                                   jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (n, t, t))],
+                                  axis=-1)
+    else:
+        tokens, segments, _ = packing.pack(plan, rollout.prompt, rollout.prompt_len,
+                                           rollout.response, rollout.response_len)
+        (n, t), s = tokens.shape, tokens.shape[1]
+        allowed = (jnp.tril(jnp.ones((t, t), bool))[None]
+                   & (segments[:, :, None] == segments[:, None, :]) & (segments > 0)[:, None, :])
 
     def logp(prm, entropy):
+        if grouped:
+            out = models.response_logprobs(c, o, prm, rollout.prompt[::g],
+                                           rollout.prompt_len[::g], rollout.response,
+                                           return_entropy=entropy)
+            return out._replace(logprobs=jnp.where(mask, out.logprobs, 0.0))
         return models.token_logprobs(c, o, prm, tokens, segment_ids=segments,
                                      return_entropy=entropy)
 
@@ -239,14 +260,11 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
         upd, opt_state = trainer.optimizer.update(grads, opt_state, prm)
         return jax.tree.map(jnp.add, prm, upd), opt_state
 
-    # One layer's attention at the same shapes (q [N, K, G, T, H], causal + padding mask).
-    n, t = tokens.shape
-    qkv = jax.random.normal(jax.random.key(0), (3, n, c.num_key_value_heads,
-                                                c.num_groups, t, c.head_dim))
-    q, k, v = qkv[0], qkv[1][:, :, 0], qkv[2][:, :, 0]
-    bias = attention.mask_bias(jnp.tril(jnp.ones((t, t), bool))[None]
-                               & (segments[:, :, None] == segments[:, None, :])
-                               & (segments > 0)[:, None, :])
+    # One layer's attention at the same shapes (q [N, K, G, T, H], k/v [N, K, S, H]).
+    kq = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(kq[0], (n, c.num_key_value_heads, c.num_groups, t, c.head_dim))
+    k, v = (jax.random.normal(kk, (n, c.num_key_value_heads, s, c.head_dim)) for kk in kq[1:])
+    bias = attention.mask_bias(allowed)
 
     def attn_sum(q, k, v):
         return jnp.sum(attention.self_attention(q, k, v, bias))
@@ -282,7 +300,8 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
         () if trainer.spec.single_update else ("logprob_pass_with_entropy",))
     out["update_other"] = out["update_total"] - sum(out[k] for k in own)
     out["xla_cost_analysis"] = cost
-    out["shape_rows_x_cols"] = [n, t]
+    out["layout"] = trainer.spec.layout
+    out["attention_rows_queries_keys"] = [n, t, s]
     return out
 
 
@@ -401,6 +420,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed first steps per side")
     parser.add_argument("--algos", default=",".join(ALGOS), help="our configs to run")
     parser.add_argument("--profile", action="store_true", help="also break our update down")
+    parser.add_argument("--layout", default="grouped", choices=("grouped", "packed", "rows"),
+                        help="our update's optim.layout")
     parser.add_argument("--quick", action="store_true", help="smoke check: 3 steps, 2 warm-up")
     parser.add_argument("--data-dir", default="", help="arith dataset cache (default: a temp dir)")
     args = parser.parse_args()
@@ -465,6 +486,7 @@ def main():
             "model": {**MODEL, "tie_word_embeddings": True, "matmul_params": n_params},
             "prompts": PROMPTS, "group_size": G, "max_new_tokens": NEW_TOKENS, "lr": LR,
             "beta": BETA, "dtype": "float32", "steps": args.steps, "warmup": args.warmup,
+            "ours_layout": args.layout,
             "trl": "importance_sampling_level=sequence, loss_type=grpo, epsilon 3e-4/4e-4, "
                    "scale_rewards=group, use_bias_correction_kl=False, "
                    "gradient_checkpointing=False, num_iterations=1, generation batch 128, "

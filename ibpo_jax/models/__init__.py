@@ -4,8 +4,8 @@
     logits = m(tokens, attention_mask=mask)          # [B, T, V] float32
     ibpo_jax.models.save_hf(m, out_dir)              # loads back in transformers
 
-Inside jitted training code use the functional forms `forward` / `token_logprobs` with params as
-arguments.
+Inside jitted training code use the functional forms `forward` / `token_logprobs` /
+`response_logprobs` with params as arguments.
 """
 
 from ibpo_jax.models.config import QWEN3_PRESETS, ConfigError, ModelOptions, Qwen3Config
@@ -18,6 +18,7 @@ from ibpo_jax.models.lm import (
     init,
     make_options,
     place_params,
+    response_logprobs,
     token_logprobs,
 )
 from ibpo_jax.models.safetensors_io import CheckpointError
@@ -25,5 +26,5 @@ from ibpo_jax.models.safetensors_io import CheckpointError
 __all__ = [
     "QWEN3_PRESETS", "CheckpointError", "ConfigError", "ModelOptions", "Qwen3Config",
     "Qwen3LM", "TokenLogprobs", "abstract_params", "forward", "init", "load_hf",
-    "make_options", "place_params", "save_hf", "token_logprobs",
+    "make_options", "place_params", "response_logprobs", "save_hf", "token_logprobs",
 ]

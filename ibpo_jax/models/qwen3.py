@@ -4,9 +4,11 @@ Per layer: x += o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms
 x += down(silu(gate(rms(x))) * up(rms(x))); then a final RMSNorm and the (tied or untied)
 unembedding. Softmax, norms, RoPE and logits run in float32 whatever the compute dtype.
 
-Two ways through the layers, with the same weights and the same `Block`:
+Three ways through the layers, with the same weights and the same `Block`:
 - `Qwen3.encode`: a whole [B, T] sequence (training, scoring, prompt prefill), causal and padding
   mask; also returns every layer's keys/values (the sampler's prompt cache);
+- `Qwen3.encode_grouped`: R responses per prompt, the prompt encoded once (not R times) and
+  its keys/values shared by the R responses' attention (training on groups of samples);
 - `Qwen3.decode`: one new token per row against a KV cache split in two parts: the prompt part
   (B rows) shared by the R samples of each prompt (never copied R times) and the generated
   part (B*R rows), carried through the layers and updated in place (layouts: `KVCache`).
@@ -38,6 +40,14 @@ class SeqContext(NamedTuple):
     cos: Array  # [B, T, H/2] float32
     sin: Array  # [B, T, H/2] float32
     bias: Array  # [B, T, S] float32, S == T: 0 where key s is visible from query t, else -1e30
+
+
+class GroupedContext(NamedTuple):
+    """Inputs of `Qwen3.encode_grouped`: the prompts' own (bias [B, P, P]) and the responses'
+    (bias [B*R, N, P + N]: the row's prompt, then its own earlier response tokens)."""
+
+    prompt: SeqContext
+    response: SeqContext
 
 
 class DecodeContext(NamedTuple):
@@ -171,6 +181,19 @@ class Attention(nn.Module):
         v = sharding.constrain(v, self.layout.act_bkth)
         return q, k, v
 
+    def grouped(self, xp: Array, xr: Array, ctx: GroupedContext) -> tuple[Array, Array]:
+        """xp [B, P, D] prompts, xr [B*R, N, D] responses -> their attention outputs. The
+        responses attend to their prompt's keys/values, computed once and repeated R times
+        (autodiff sums the R gradients back into the one prompt)."""
+        qp, kp, vp = self.qkv(xp, ctx.prompt.cos, ctx.prompt.sin)
+        qr, kr, vr = self.qkv(xr, ctx.response.cos, ctx.response.sin)
+        r = xr.shape[0] // xp.shape[0]
+        op = attention.self_attention(qp, kp, vp, ctx.prompt.bias)
+        k_all = jnp.concatenate([jnp.repeat(kp, r, axis=0), kr], axis=2)  # [B*R, K, P+N, H]
+        v_all = jnp.concatenate([jnp.repeat(vp, r, axis=0), vr], axis=2)
+        o_r = attention.self_attention(qr, k_all, v_all, ctx.response.bias)
+        return self.out(op.transpose(0, 3, 1, 2, 4)), self.out(o_r.transpose(0, 3, 1, 2, 4))
+
     def out(self, o: Array) -> Array:
         """o [B, T, K, G, H] -> [B, T, D] (heads minor, so the weight is used as stored)."""
         b, t = o.shape[:2]
@@ -222,8 +245,18 @@ class Block(nn.Module):
         self.attn = Attention(self.config, self.options, self.layout)
         self.mlp = Mlp(self.config, self.options, self.layout)
 
-    def __call__(self, carry: Any, xs: Any, ctx: SeqContext | DecodeContext) -> tuple[Any, Any]:
+    def __call__(self, carry: Any, xs: Any, ctx: SeqContext | GroupedContext | DecodeContext
+                 ) -> tuple[Any, Any]:
         eps, dt = self.config.rms_norm_eps, self.options.dtype
+        if isinstance(ctx, GroupedContext):  # carry: prompts [B, P, D], responses [B*R, N, D]
+            xp, xr = carry
+            hp, hr = self.attn.grouped(rms_norm(xp, self.input_norm, eps, dt),
+                                       rms_norm(xr, self.input_norm, eps, dt), ctx)
+            out = []
+            for x in (xp + hp, xr + hr):
+                x = x + self.mlp(rms_norm(x, self.post_attn_norm, eps, dt))
+                out.append(sharding.constrain(x, self.layout.act_btd))
+            return tuple(out), None
         if isinstance(ctx, SeqContext):
             x = carry
             # Each layer's (k, v) is returned for a prompt cache; unused, it is dead code.
@@ -333,6 +366,30 @@ class Qwen3(nn.Module):
         ctx = SeqContext(cos, sin, attention.mask_bias(allowed))
         x, kv = self._layers(self._embed(tokens), None, ctx)
         return rms_norm(x, self.final_norm, self.config.rms_norm_eps, self.options.dtype), kv
+
+    def encode_grouped(self, prompt: Array, prompt_mask: Array, response: Array
+                       ) -> tuple[Array, Array]:
+        """prompt [B, P] int32 left-padded, prompt_mask [B, P] bool, response [B*R, N] int32
+        (row b*R + r continues prompt b) -> final-normed hidden of the prompts [B, P, D] and
+        of the responses [B*R, N, D], equal to `encode` on each row's prompt + response (the
+        response's padding must come after its real tokens)."""
+        c = self.config
+        (b, p), (br, n) = prompt.shape, response.shape
+        r = br // b
+        causal = lambda t: jnp.tril(jnp.ones((t, t), dtype=bool))
+        prompt_len = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)  # [B]
+        pos_r = jnp.repeat(prompt_len, r)[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B*R, N]
+        sees_prompt = jnp.broadcast_to(jnp.repeat(prompt_mask, r, axis=0)[:, None], (br, n, p))
+        allowed_r = jnp.concatenate(
+            [sees_prompt, jnp.broadcast_to(causal(n)[None], (br, n, n))], axis=-1)
+        ctx = GroupedContext(
+            SeqContext(*rope_tables(positions_from_mask(prompt_mask), c.head_dim, c.rope_theta),
+                       attention.mask_bias(causal(p)[None] & prompt_mask[:, None, :])),
+            SeqContext(*rope_tables(pos_r, c.head_dim, c.rope_theta),
+                       attention.mask_bias(allowed_r)))
+        (xp, xr), _ = self._layers((self._embed(prompt), self._embed(response)), None, ctx)
+        norm = lambda x: rms_norm(x, self.final_norm, c.rms_norm_eps, self.options.dtype)
+        return norm(xp), norm(xr)
 
     def decode(self, tokens: Array, positions: Array, cache: KVCache, prompt_mask: Array,
                gen_mask: Array, index: Array) -> tuple[Array, KVCache]:

@@ -152,16 +152,17 @@ class Trainer:
             temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
             num_samples=cfg.eval.samples, **sample_opts)
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
-        # Packed update rows (trainer/packing.py), unless a cancellation transform needs each
-        # group's rows together; packed-row counts split into the minibatch x micro-batch
-        # chunks, each over the mesh's batch devices when the batch allows.
-        self.pack = cfg.optim.pack and cfg.cancellation.transform == "none"
+        # Packed update rows (trainer/packing.py) with optim.layout "packed", unless a
+        # cancellation transform needs each group's rows together; packed-row counts split
+        # into the minibatch x micro-batch chunks, each over the mesh's batch devices when the
+        # batch allows. Otherwise the identity plan (whole groups).
+        self.pack = self.spec.layout == "packed"
         if self.pack:
             rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
             chunks = cfg.optim.minibatches * cfg.optim.microbatches
             devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
             self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
-        else:
+        elif cfg.optim.layout == "packed":
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
         self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
         self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
@@ -250,12 +251,22 @@ class Trainer:
         metrics.update(
             budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit
             prompts_truncated=prompts.truncated,
-            packed_rows_frac=plan.rows / len(lengths),  # update rows / rollout rows
+            update_tokens_frac=self.update_tokens_frac(plan, prompts.tokens.shape,
+                                                       out.tokens.shape),
             tokens_per_s=int(lengths.sum()) / (t4 - t0),
             time_rollout_s=t1 - t0, time_reward_s=t2 - t1, time_phi_s=t3 - t2,
             time_update_s=t4 - t3,
         )
         return metrics
+
+    def update_tokens_frac(self, plan: packing.Plan, prompt_shape: tuple[int, int],
+                           response_shape: tuple[int, int]) -> float:
+        """Token positions the update's model passes run, over those of the rollout's own
+        [N, P + R] rows."""
+        (b, p), (n, r) = prompt_shape, response_shape
+        if self.spec.layout == "grouped":
+            return (b * p + n * r) / (n * (p + r))
+        return plan.rows / n
 
     def packing_plan(self, prompt_len: np.ndarray, response_len: np.ndarray,
                      prompt_width: int, response_width: int) -> packing.Plan:

@@ -8,10 +8,12 @@
 Both take and return device arrays; the trainer calls them back to back with no host round trip
 (only reward scoring, before `credit`, leaves the device, and the host plans the packing from
 the lengths it already has). Rows are prompt-major: row b*G + g is sample g of prompt b, so [N]
-reshapes to [B, G] groups. The update's model passes run on the rows packed as a
-`packing.Plan` says; losses, advantages and diagnostics stay per rollout row. Shapes: N = B*G
-rows, P prompt columns (left-padded), R response columns, U comparison units, M packed rows of
-W = P + R columns.
+reshapes to [B, G] groups. The update's model passes run in one of three layouts
+(`StepSpec.layout`, config `optim.layout`): "grouped", each prompt encoded once for its G
+responses (`models.response_logprobs`); "packed", rollout rows packed several to a model row as a
+`packing.Plan` says; "rows", the rollout's own rows. Losses, advantages and diagnostics stay per
+rollout row. Shapes: N = B*G rows, P prompt columns (left-padded), R response columns, U
+comparison units, M model rows (packed, or N) of W = P + R columns.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class StepSpec:
     minibatches: int
     microbatches: int
     logits_chunk: int
+    layout: str  # "grouped", "packed" or "rows" (see the module docstring)
 
     @classmethod
     def from_config(cls, cfg: RunConfig, model: models.Qwen3Config,
@@ -107,7 +110,7 @@ class StepSpec:
             transform=cfg.cancellation.transform, log_drift=cfg.cancellation.log_drift,
             epochs=cfg.optim.epochs,
             minibatches=cfg.optim.minibatches, microbatches=cfg.optim.microbatches,
-            logits_chunk=cfg.model.logits_chunk,
+            logits_chunk=cfg.model.logits_chunk, layout=update_layout(cfg),
         )
 
     @property
@@ -123,6 +126,14 @@ class StepSpec:
     def single_update(self) -> bool:
         """One optimizer update per rollout: π_old is the policy being differentiated."""
         return self.epochs * self.minibatches == 1 and not self.is_ppo
+
+
+def update_layout(cfg: RunConfig) -> str:
+    """config.optim.layout, except that a cancellation transform, which needs the rows of a
+    group together in one micro-batch, turns "packed" into "rows"."""
+    if cfg.optim.layout == "packed" and cfg.cancellation.transform != "none":
+        return "rows"
+    return cfg.optim.layout
 
 
 def response_mask(lengths: jax.Array, width: int) -> jax.Array:
@@ -214,13 +225,16 @@ def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str
 
 
 class _Batch(NamedTuple):
-    """The update's inputs: the model's packed rows (`packing`), and per rollout row its
-    training arrays ([N, ...]) and where its response sits in the packed rows."""
+    """The update's inputs: per rollout row its training arrays ([N, ...]) and, for the
+    "packed" and "rows" layouts, the model's rows (`packing`) and where its response sits in
+    them (None for "grouped", which reads prompt and response directly)."""
 
-    tokens: jax.Array  # [M, W] packed rows
-    segments: jax.Array  # [M, W] int32, row i's tokens carry i + 1
+    tokens: jax.Array | None  # [M, W] packed rows
+    segments: jax.Array | None  # [M, W] int32, row i's tokens carry i + 1
     bin: jax.Array  # [N] packed row of each rollout row
-    first: jax.Array  # [N] packed column of its first response token
+    first: jax.Array | None  # [N] packed column of its first response token
+    prompt: jax.Array  # [N, P]
+    prompt_len: jax.Array  # [N]
     mask: jax.Array  # [N, R]
     response: jax.Array  # [N, R]
     sample_logp: jax.Array  # [N, R] the sampler's log-probs (for the mismatch metric)
@@ -233,8 +247,19 @@ class _Batch(NamedTuple):
 
 def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
                  entropy: bool = False, values: bool = False):
-    """Log-probs (entropy, values) [N, R] of the rollout rows inside packed rows `rows` [C]
-    (0 for the others), and which rollout rows those are [N] bool."""
+    """Log-probs (entropy, values) [N, R] of the rollout rows inside model rows `rows` [C]
+    (0 for the others), and which rollout rows those are [N] bool. "grouped": `rows` are
+    rollout rows, whole groups in order."""
+    if spec.layout == "grouped":
+        heads = rows.reshape(-1, spec.group_size)[:, 0]  # each group's first row: its prompt
+        out = models.response_logprobs(
+            spec.model, spec.options, params, b.prompt[heads], b.prompt_len[heads],
+            b.response[rows], temperature=spec.temperature, return_entropy=entropy,
+            return_values=values, logits_chunk=spec.logits_chunk)
+        n = b.mask.shape[0]
+        put = lambda x: None if x is None else jnp.zeros((n, x.shape[1]), x.dtype).at[rows].set(x)
+        here = jnp.zeros((n,), bool).at[rows].set(True)
+        return put(out.logprobs), put(out.entropy), put(out.values), here
     out = models.token_logprobs(spec.model, spec.options, params, b.tokens[rows],
                                 segment_ids=b.segments[rows], temperature=spec.temperature,
                                 return_entropy=entropy, return_values=values,
@@ -247,16 +272,18 @@ def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
             get(out.values, b.first - 1), local >= 0)
 
 
-def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, *, entropy: bool = False,
-                  values: bool = False):
+def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, plan: packing.Plan, *,
+                  entropy: bool = False, values: bool = False):
     """`_chunk_stats` of frozen params (π_ref, π_old) for every rollout row, in sequence over
     chunks the size of one gradient micro-batch (minibatches x microbatches chunks): they
     neither set the peak memory nor leave the working set the micro-batch size was chosen
     for (no activations are kept for a backward pass)."""
     params = jax.lax.stop_gradient(params)
-    m, n = b.tokens.shape[0], spec.microbatches * spec.minibatches
-    # Chunk k = packed rows k, k + n, ...: every chunk spans all data shards (no idle devices).
-    chunks = jnp.arange(m).reshape(m // n, n).T
+    units, n = plan.rows // plan.unit, spec.microbatches * spec.minibatches
+    # Chunk k = partition units k, k + n, ...: every chunk spans all data shards (no idle
+    # devices).
+    chunks = jnp.arange(units).reshape(units // n, n).T  # [n, units / n]
+    chunks = (chunks[..., None] * plan.unit + jnp.arange(plan.unit)).reshape(n, -1)
     one = lambda rows: _chunk_stats(spec, params, b, rows, entropy=entropy, values=values)[:3]
     out = one(chunks[0])
     if n > 1:  # a rollout row lies in exactly one chunk: the chunks' outputs add up
@@ -376,21 +403,25 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
            ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array,
            plan: packing.Plan) -> tuple[TrainState, dict[str, jax.Array]]:
     """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
-    passes on the rollout's rows packed as `plan` says."""
+    passes in `spec.layout`: on the model rows `plan` makes ("packed", "rows"), or on whole
+    groups ("grouped": `plan` is the identity plan, partition unit G)."""
     r = rollout.response.shape[1]
     mask = response_mask(rollout.response_len, r)
-    tokens, segments, first = packing.pack(plan, rollout.prompt, rollout.prompt_len,
-                                           rollout.response, rollout.response_len)
+    tokens = segments = first = None
+    if spec.layout != "grouped":
+        tokens, segments, first = packing.pack(plan, rollout.prompt, rollout.prompt_len,
+                                               rollout.response, rollout.response_len)
     n = mask.shape[0]
     empty = jnp.zeros((n, 0))
-    batch = _Batch(tokens, segments, plan.bin, first, mask, rollout.response,
-                   rollout.sample_logp, empty, jnp.zeros(mask.shape), cred.adv, empty, empty)
+    batch = _Batch(tokens, segments, plan.bin, first, rollout.prompt, rollout.prompt_len, mask,
+                   rollout.response, rollout.sample_logp, empty, jnp.zeros(mask.shape),
+                   cred.adv, empty, empty)
     if spec.beta > 0:
-        batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch)[0])
+        batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch, plan)[0])
     old_logp, entropy, old_values = empty, None, empty
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front
-        old_logp, entropy, values = _frozen_stats(spec, state.params, batch, entropy=True,
-                                                  values=spec.is_ppo)
+        old_logp, entropy, values = _frozen_stats(spec, state.params, batch, plan,
+                                                  entropy=True, values=spec.is_ppo)
         old_values = empty if values is None else values
     adv, returns = cred.adv, empty
     if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
@@ -453,7 +484,7 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
         jnp.mean(grad_norms))
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
     if spec.log_drift:  # DESIGN §5: mean Δ log π on shared nodes across this step's updates
-        after = _frozen_stats(spec, state.params, batch)[0]
+        after = _frozen_stats(spec, state.params, batch, plan)[0]
         before = old_logp  # π_old, from its own pass or (one update) the gradient pass
         g = spec.group_size
         for name, whole in (("shared_logprob_drift", False), ("shared_logprob_drift_whole", True)):

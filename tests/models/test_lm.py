@@ -152,3 +152,79 @@ def test_bad_inputs_raise():
     with pytest.raises(ValueError, match="temperature"):
         models.token_logprobs(m.config, m.options, m.params, jnp.zeros((1, 3), jnp.int32),
                               temperature=0.0)
+
+
+def _grouped_batch(rng, prompt_lens, r, p, n, vocab):
+    """Left-padded prompts [B, P], R responses each [B*R, N] right-padded (garbage after the
+    length), and the same rows concatenated with their masks."""
+    b = len(prompt_lens)
+    prompt = rng.integers(1, vocab, (b, p)).astype(np.int32)
+    prompt[np.arange(p)[None] < (p - np.asarray(prompt_lens))[:, None]] = 0
+    resp_len = rng.integers(1, n + 1, b * r)
+    resp = rng.integers(1, vocab, (b * r, n)).astype(np.int32)
+    rows = np.concatenate([np.repeat(prompt, r, 0), resp], 1)
+    mask = np.concatenate([np.repeat(prompt > 0, r, 0),
+                           np.arange(n)[None] < resp_len[:, None]], 1).astype(np.int32)
+    return prompt, np.asarray(prompt_lens, np.int32), resp, resp_len, rows, mask
+
+
+def test_response_logprobs_match_hf_on_whole_rows(gqa2):
+    """Each prompt encoded once for its R responses: the responses' log-probs equal HF's on
+    the concatenated prompt + response rows."""
+    hf, path = gqa2
+    m = models.load_hf(path)
+    prompt, plen, resp, rlen, rows, mask = _grouped_batch(np.random.default_rng(3), (5, 2, 7),
+                                                          r=3, p=7, n=6, vocab=128)
+    out = models.response_logprobs(m.config, m.options, m.params, jnp.asarray(prompt),
+                                   jnp.asarray(plen), jnp.asarray(resp))
+    with torch.no_grad():
+        ref, _ = _hf_token_logprobs(hf, rows, mask)
+    valid = np.arange(6)[None] < rlen[:, None]
+    got = np.asarray(out.logprobs)
+    assert got.shape == resp.shape and valid.sum() > 10
+    assert np.abs(got - ref.numpy()[:, 6:])[valid].max() <= 1e-4  # target column 7 + j
+
+
+@pytest.mark.parametrize("opts", [{}, {"scan_layers": True, "remat": "full"}])
+def test_response_logprobs_equal_token_logprobs_with_gradients(opts):
+    """Log-probs, entropy, values (state before each response token) and the gradient of a
+    masked sum of them: grouped encoding == whole rows, also scanned and rematerialized."""
+    cfg = models.Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=48,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=8, tie_word_embeddings=False)
+    m = models.init(cfg, jax.random.key(0), value_head=True, **opts)
+    prompt, plen, resp, rlen, rows, mask = _grouped_batch(np.random.default_rng(4), (4, 1, 6),
+                                                          r=4, p=6, n=5, vocab=32)
+    valid = jnp.asarray(np.arange(5)[None] < rlen[:, None])
+
+    def grouped(params):
+        out = models.response_logprobs(cfg, m.options, params, jnp.asarray(prompt),
+                                       jnp.asarray(plen), jnp.asarray(resp), temperature=0.8,
+                                       return_entropy=True, return_values=True,
+                                       logits_chunk=2)
+        return out.logprobs, out.entropy, out.values
+
+    def whole(params):
+        out = models.token_logprobs(cfg, m.options, params, jnp.asarray(rows),
+                                    jnp.asarray(mask), temperature=0.8, return_entropy=True,
+                                    return_values=True)
+        return out.logprobs[:, 6:], out.entropy[:, 6:], out.values[:, 5:-1]
+
+    def loss(fn):
+        return lambda p: sum(jnp.sum(jnp.where(valid, x, 0.0) * w)
+                             for x, w in zip(fn(p), (1.0, 0.3, 0.1)))
+
+    for a, b in zip(grouped(m.params), whole(m.params)):
+        np.testing.assert_allclose(np.where(valid, a, 0), np.where(valid, b, 0), atol=1e-5)
+    g1, g2 = (jax.jit(jax.grad(loss(f)))(m.params) for f in (grouped, whole))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5), g1, g2)
+    assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(g1)) > 1e-3
+
+
+def test_response_logprobs_bad_shapes_raise():
+    m = models.init(models.Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=8,
+                                       num_hidden_layers=1, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=4), jax.random.key(0))
+    prompt, resp = jnp.zeros((2, 3), jnp.int32), jnp.zeros((5, 4), jnp.int32)
+    with pytest.raises(ValueError, match="multiple of prompt rows 2"):
+        models.response_logprobs(m.config, m.options, m.params, prompt, jnp.full(2, 3), resp)

@@ -108,22 +108,22 @@ def test_token_credit_gives_delta_per_token():
     np.testing.assert_allclose(erring, (-1 - shaped.mean()) / (std + 1e-6), rtol=1e-5)
 
 
-def _plan(spec, rollout, pack):
+def _plan(spec, rollout):
     prompt_len, response_len = np.asarray(rollout.prompt_len), np.asarray(rollout.response_len)
-    if not pack:
+    if spec.layout != "packed":
         return packing.identity(prompt_len, P, G)
     return packing.first_fit(prompt_len, response_len, P + R,
                              multiple=spec.minibatches * spec.microbatches)
 
 
-def _update(cfg, spec, rollout, params=None, pack=False):
+def _update(cfg, spec, rollout, params=None):
     optimizer = make_optimizer(cfg.optim, total_updates=10)
     if params is None:
         params = models.init(ARCH, jax.random.key(0), value_head=spec.options.value_head).params
     state = init_state(params, optimizer)
     cred, _ = _credit(spec, rollout)
     fn = jax.jit(functools.partial(step.update, spec, optimizer))
-    plan = packing.place(_plan(spec, rollout, pack), jnp.asarray)
+    plan = packing.place(_plan(spec, rollout), jnp.asarray)
     return fn(state, params, rollout, cred, jax.random.key(1), plan)
 
 
@@ -134,17 +134,21 @@ SHORT_REWARDS = (1.0, -1.0, -1.0, 1.0, -1.0, 1.0, -1.0, -1.0)
 
 @pytest.mark.parametrize("algo", ["ibpo_gspo", "ibpo_grpo", "ppo"])
 @pytest.mark.parametrize("microbatches", [1, 2])
-def test_packed_update_equals_unpacked(algo, microbatches):
+@pytest.mark.parametrize("layout", ["packed", "grouped"])
+def test_update_layouts_equal_rows(layout, algo, microbatches):
     """Packing rollout rows two by two into the model's rows (half the rows, less padding
-    work) gives the same update and metrics as one rollout row per model row."""
+    work), or encoding each prompt once for its group ("grouped"), gives the same update and
+    metrics as one rollout row per model row."""
     rollout = _rollout(SHORT, SHORT_REWARDS)
     cfg, spec = _spec(algo, value_head=algo == "ppo")
-    spec = dataclasses.replace(spec, microbatches=microbatches)
-    plan = _plan(spec, rollout, True)
-    assert plan.rows == 4 and np.bincount(plan.bin).tolist() == [2, 2, 2, 2]
+    spec = dataclasses.replace(spec, microbatches=microbatches, layout="rows")
+    other = dataclasses.replace(spec, layout=layout)
+    if layout == "packed":
+        plan = _plan(other, rollout)
+        assert plan.rows == 4 and np.bincount(plan.bin).tolist() == [2, 2, 2, 2]
     params = models.init(ARCH, jax.random.key(0), value_head=algo == "ppo").params
     unpacked, m1 = _update(cfg, spec, rollout, params)
-    packed, m2 = _update(cfg, spec, rollout, params, pack=True)
+    packed, m2 = _update(cfg, other, rollout, params)
     for a, b in zip(jax.tree.leaves(unpacked.params), jax.tree.leaves(packed.params)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
     assert set(m1) == set(m2)
@@ -160,8 +164,9 @@ def test_packed_minibatches_use_every_row_once_per_epoch():
     rows (a row seen twice or skipped would reweight the unequal advantages)."""
     rollout = _rollout(SHORT, SHORT_REWARDS)
     cfg, spec = _spec("ibpo_grpo", **{"loss.aggregation": "token_mean", "optim.lr": 0.0})
-    _, whole = _update(cfg, spec, rollout, pack=True)
-    _, split = _update(cfg, dataclasses.replace(spec, minibatches=2), rollout, pack=True)
+    spec = dataclasses.replace(spec, layout="packed")
+    _, whole = _update(cfg, spec, rollout)
+    _, split = _update(cfg, dataclasses.replace(spec, minibatches=2), rollout)
     assert abs(float(whole["pg_loss"])) > 1e-3
     assert float(split["pg_loss"]) == pytest.approx(float(whole["pg_loss"]), rel=1e-5)
 
