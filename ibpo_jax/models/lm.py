@@ -55,9 +55,7 @@ def forward(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Arr
     logits = model.apply(variables, hidden, method=Qwen3.logits)
     if not return_values:
         return logits
-    if not options.value_head:
-        raise ValueError("return_values=True needs ModelOptions(value_head=True)")
-    return logits, model.apply(variables, hidden, method=Qwen3.values)
+    return logits, _values(model, variables, hidden, True)
 
 
 class TokenLogprobs(NamedTuple):
@@ -98,6 +96,15 @@ def _next_token_stats(model: Qwen3, variables: Any, h: Array, targets: Array,
     out = jax.lax.map(jax.checkpoint(lambda a: chunk_stats(*a)),
                       (h_c.swapaxes(0, 1), t_c.swapaxes(0, 1)))
     return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t], out)
+
+
+def _values(model: Qwen3, variables: Any, hidden: Array, wanted: bool) -> Array | None:
+    """The value head on hidden [..., D] -> [...] float32, or None when not `wanted`."""
+    if not wanted:
+        return None
+    if not model.options.value_head:
+        raise ValueError("return_values=True needs ModelOptions(value_head=True)")
+    return model.apply(variables, hidden, method=Qwen3.values)
 
 
 def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Array,
@@ -142,12 +149,7 @@ def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, toke
     lp = jnp.concatenate([pad_col, jnp.where(valid, lp, 0.0)], axis=1)
     if ent is not None:
         ent = jnp.concatenate([pad_col, jnp.where(valid, ent, 0.0)], axis=1)
-    values = None
-    if return_values:
-        if not options.value_head:
-            raise ValueError("return_values=True needs ModelOptions(value_head=True)")
-        values = model.apply(variables, hidden, method=Qwen3.values)
-    return TokenLogprobs(lp, ent, values)
+    return TokenLogprobs(lp, ent, _values(model, variables, hidden, return_values))
 
 
 def response_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, prompt: Array,
@@ -181,12 +183,7 @@ def response_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, p
     h = jnp.concatenate([jnp.repeat(hp[:, -1:], br // b, axis=0), hr[:, :-1]], axis=1)
     lp, ent = _next_token_stats(model, variables, h, response, temperature, return_entropy,
                                 logits_chunk)
-    values = None
-    if return_values:
-        if not options.value_head:
-            raise ValueError("return_values=True needs ModelOptions(value_head=True)")
-        values = model.apply(variables, h, method=Qwen3.values)
-    return TokenLogprobs(lp, ent, values)
+    return TokenLogprobs(lp, ent, _values(model, variables, h, return_values))
 
 
 def make_options(dtype: Any = jnp.float32, **options: Any) -> ModelOptions:
