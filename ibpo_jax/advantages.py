@@ -160,6 +160,35 @@ def appendix_a_stats(y: jax.Array, phi: jax.Array, *, lam: float) -> dict[str, j
     }
 
 
+def pooled_appendix_a(y: jax.Array, phi: jax.Array, *, lam: float) -> dict[str, jax.Array]:
+    """Appendix A's moments pooled over a batch of groups (DESIGN §3, version 2).
+
+    Within-group moments are summed over the groups and divided by the total count:
+      Cov(Y, φ) = Σ_b Σ_i (Y_bi - Ȳ_b)(φ_bi - φ̄_b) / (B·G),  V_φ likewise,
+      λ_max = 2C / V_φ = -2 Σ_b Cov_b / Σ_b V_b   (the counts cancel).
+    Not the mean of per-group ratios: a group with V_φ = 0 (no mixed outcome) adds nothing to
+    either sum instead of a 0 that drags the average down. Theorem A.2 then holds for the pooled
+    variance: Σ_b Var_b(A^IBPO) < Σ_b Var_b(A^GSPO) iff 0 < λ < λ_max.
+
+    Args:
+      y: [..., G] terminal rewards; phi: [..., G]; lam: λ. Every leading axis is pooled.
+
+    Returns:
+      dict of float32 scalars: cov_y_phi, V_phi, lambda_max (0 when V_φ = 0), var_adv_gspo,
+      var_adv_ibpo (both pooled: mean of the per-group variances).
+    """
+    s = appendix_a_stats(y, phi, lam=lam)
+    c, v = jnp.mean(s["C"]), jnp.mean(s["V_phi"])
+    pos = v > 0
+    return {
+        "cov_y_phi": -c,
+        "V_phi": v,
+        "lambda_max": jnp.where(pos, 2.0 * c / jnp.where(pos, v, 1.0), 0.0),
+        "var_adv_gspo": jnp.mean(s["var_adv_gspo"]),
+        "var_adv_ibpo": jnp.mean(s["var_adv_ibpo"]),
+    }
+
+
 @ESTIMATORS.register("gae")
 def gae(
     *,

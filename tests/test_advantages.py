@@ -17,6 +17,7 @@ from ibpo_jax.registry import ESTIMATORS
 group_adv = jax.jit(advantages.group_advantages, static_argnames=("normalize_std", "eps", "ddof"))
 token_adv = jax.jit(advantages.token_advantages, static_argnames=("normalize_std", "eps", "ddof"))
 appendix = jax.jit(advantages.appendix_a_stats)
+pooled = jax.jit(advantages.pooled_appendix_a)
 gae = jax.jit(advantages.gae, static_argnames=("gamma", "lam"))
 
 # The running example: R = [1, -1, -1, 1], φ = [0, 0.5, 0.2, 0], λ = 0.5.
@@ -150,11 +151,14 @@ def test_appendix_a_identity_and_theorem(y, u, lam):
     # lower for λ in (0, λ_max) and strictly higher beyond. One-outcome groups have C = 0 and
     # λ_max = 0.
     mixed = y.min(-1) < y.max(-1)
-    var_at = lambda l: s["var_adv_gspo"] - 2 * l * s["C"] + l**2 * s["V_phi"]  # noqa: E731
     assert np.all(s["C"][mixed] > 0) and np.all(s["lambda_max"][mixed] > 0)
-    assert np.all(var_at(0.5 * s["lambda_max"])[mixed] < s["var_adv_gspo"][mixed])
-    assert np.all(var_at(1.5 * s["lambda_max"])[mixed] > s["var_adv_gspo"][mixed])
     np.testing.assert_array_equal(s["lambda_max"][~mixed], 0.0)
+    # Re-evaluated by the function under test (not by the identity above) at each mixed group's
+    # own 0.5·λ_max and 1.5·λ_max.
+    for b in np.flatnonzero(mixed):
+        for factor, lower in ((0.5, True), (1.5, False)):
+            at = appendix(jnp.array(y[b]), jnp.array(phi[b]), lam=factor * s["lambda_max"][b])
+            assert (float(at["var_adv_ibpo"]) < float(s["var_adv_gspo"][b])) == lower
 
 
 def test_lambda_max_guard_when_phi_is_constant():
@@ -163,6 +167,44 @@ def test_lambda_max_guard_when_phi_is_constant():
     np.testing.assert_array_equal(s["lambda_max"], [0.0, 0.0])
     np.testing.assert_array_equal(s["var_adv_ibpo"], s["var_adv_gspo"])
     assert all(np.all(np.isfinite(v)) for v in s.values())
+
+
+def test_pooled_lambda_max_is_ratio_of_sums_not_mean_of_ratios():
+    # Group 0: the running example (C = 0.175, V_φ = 0.041875); group 1: all correct (C = V = 0).
+    y = jnp.array([R, [1.0, 1.0, 1.0, 1.0]])
+    phi = jnp.array([PHI, [0.0, 0.0, 0.0, 0.0]])
+    p = pooled(y, phi, lam=0.5)
+    # Pooled: 2·(0.175/2) / (0.041875/2) = 2·0.175 / 0.041875; the mean of per-group ratios
+    # (the v1 metric) would be half of that.
+    np.testing.assert_allclose(p["lambda_max"], 0.35 / 0.041875, rtol=1e-6)
+    np.testing.assert_allclose(p["cov_y_phi"], -0.175 / 2, rtol=1e-6)
+    per_group = appendix(y, phi, lam=0.5)["lambda_max"]
+    assert abs(float(np.mean(per_group)) - float(p["lambda_max"])) > 1.0
+
+
+@given(
+    y=hnp.arrays(np.float32, (5, 8), elements=st.sampled_from([-1.0, 1.0])),
+    u=hnp.arrays(np.float32, (5, 8), elements=st.floats(0.0625, 1.0, width=32)),
+)
+def test_pooled_theorem_a2(y, u):
+    # Theorem A.2 for the pooled variance, re-evaluated at 0.5·λ_max and 1.5·λ_max.
+    # As the operators define it: φ > 0 only for wrong responses of groups with a correct one.
+    phi = np.where((y < 0) & (y.max(-1, keepdims=True) > 0), u, 0.0).astype(np.float32)
+    y, phi = jnp.array(y), jnp.array(phi)
+    p = pooled(y, phi, lam=0.0)
+    if not np.any(np.asarray(y).min(-1) < np.asarray(y).max(-1)):
+        assert float(p["lambda_max"]) == 0.0  # no mixed group: V_φ = 0, λ_max = 0 by definition
+        return
+    assert float(p["lambda_max"]) > 0 and float(p["cov_y_phi"]) < 0
+    below = pooled(y, phi, lam=0.5 * float(p["lambda_max"]))
+    above = pooled(y, phi, lam=1.5 * float(p["lambda_max"]))
+    assert float(below["var_adv_ibpo"]) < float(p["var_adv_gspo"])
+    assert float(above["var_adv_ibpo"]) > float(p["var_adv_gspo"])
+
+
+def test_pooled_is_finite_without_mixed_groups():
+    p = pooled(jnp.ones((3, 4)), jnp.zeros((3, 4)), lam=0.5)
+    assert float(p["lambda_max"]) == 0.0 and all(np.isfinite(float(v)) for v in p.values())
 
 
 def test_gae_by_hand():
