@@ -92,9 +92,11 @@ def residual_terms(
 
     num = Σ_nodes |Σ_{i∈node} A_i w_i - w̄_node Σ_{i∈node} A_i|, den = Σ_nodes Σ_{i∈node} |A_i w_i|,
     over the nodes passed by >= 2 responses (or, with whole_group_only, by every valid response
-    of the group). w̄_node is the mean weight of the node's members. num is 0 exactly when the
-    members of every node have equal weights (exchangeability); the credit a partly shared node
-    legitimately carries, w̄ Σ A, is not counted. Sum num and den over groups for a batch value.
+    of the group). w̄_node is the mean weight of the node's members. Equal weights on every node
+    (exchangeability) give num = 0, but not conversely: unequal weights can still give
+    Σ A w = w̄ Σ A (A = [1, 1], w = [1, 2] is a node with num = 0), so a zero residual is
+    necessary evidence, not proof. The credit a partly shared node legitimately carries,
+    w̄ Σ A, is not counted. Sum num and den over groups for a batch value.
 
     Args:
       tokens: [G, T] int; mask: [G, T]; adv: [G, T] or [G]; weights: [G, T] (w_it).

@@ -210,6 +210,32 @@ def test_adv_orthogonal_zeroes_the_net_gradient_of_whole_group_nodes(seed):
     np.testing.assert_array_equal(w3, w)
 
 
+def test_adv_orthogonal_with_token_level_advantages():
+    # IBPO's token credit (DESIGN §3): A_it varies along a response, so the projection must use
+    # the node's own A_t column, not a per-response A.
+    rng = np.random.default_rng(3)
+    tokens, mask = _random_group(rng, g=5, t=8, common=3)
+    adv = rng.normal(size=tokens.shape).astype(np.float32)  # [G, T], differs per position
+    w = rng.uniform(0.5, 1.5, size=tokens.shape).astype(np.float32)
+    tok, m = jnp.array(tokens), jnp.array(mask)
+    w2 = np.asarray(transform(tok, m, jnp.array(adv), jnp.array(w), transform="adv_orthogonal"))
+    whole = np.asarray(nodes_fn(tok, m).whole)
+    cols = whole.any(0)
+    net = lambda ww: (adv * ww).sum(0, where=whole)[cols]  # noqa: E731  Σ_i A_it w_it per node
+    np.testing.assert_allclose(net(w2), 0.0, atol=1e-5)
+    assert np.abs(net(w)).max() > 1e-2
+    np.testing.assert_array_equal(w2[~whole & mask], w[~whole & mask])
+
+
+def test_residual_zero_does_not_imply_exchangeable():
+    # One whole-group node with A = [1, 1], w = [1, 2]: Σ A w = 3 = w̄ Σ A, so num = 0 although
+    # the weights differ (the docstring's caveat).
+    tokens = jnp.array([[7], [7]])
+    mask = jnp.ones((2, 1), bool)
+    num, den = residual_terms(tokens, mask, jnp.array([1.0, 1.0]), jnp.array([[1.0], [2.0]]))
+    assert float(num) == 0.0 and float(den) == 3.0
+
+
 @pytest.mark.parametrize("name,agg", [("grpo", "seq_mean_token_mean"), ("gspo", "token_mean"),
                                       ("gspo_token", "seq_mean_token_sum_norm")])
 def test_reweighted_loss_with_no_transform_reproduces_the_loss_gradient(name, agg):
