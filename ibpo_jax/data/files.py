@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -39,25 +40,52 @@ def expand_paths(path: str | os.PathLike) -> list[str]:
     return files
 
 
+def _decode(raw: bytes, where: str) -> str:
+    """UTF-8 text of `raw`; a bad byte is an error at `where` (a file's lines stop mattering
+    once a decode error escapes the row loop, so every row decodes itself)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(f"{where}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                              f"{e.start + 1})") from None
+
+
+def _loads(text: str, where: str) -> Any:
+    """json.loads with every failure, nesting too deep for the parser included, named `where`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") \
+            from None
+    except RecursionError:  # e.g. 100k nested "[": the C scanner recurses per level
+        raise DataFormatError(f"{where}: malformed JSON (nested too deeply)") from None
+
+
 def _jsonl_rows(path: str) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
             where = f"{path}:{line_no}"
-            try:
-                yield where, json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataFormatError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") \
-                    from None
+            line = _decode(raw, where)
+            if line.strip():
+                yield where, _loads(line, where)
 
 
 def _json_rows(path: str) -> Iterator[tuple[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # name the line of the bad byte
+        line_no = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataFormatError(f"{path}:{line_no}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at "
+                              f"column {column})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataFormatError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataFormatError(f"{path}:1: malformed JSON (nested too deeply)") from None
     if not isinstance(data, list):
         raise DataFormatError(f"{path}: expected a JSON array of records at the top level")
     for i, row in enumerate(data, start=1):
@@ -91,7 +119,8 @@ def get_field(row: Mapping[str, Any], name: str, where: str, *, types: type | tu
               default: Any = _MISSING) -> Any:
     """row[name] checked against `types`; a missing or null field returns `default` if given.
 
-    Raises DataFormatError "FILE:LINE: field 'name' ..." otherwise.
+    Raises DataFormatError "FILE:LINE: field 'name' ..." otherwise, and for a non-finite float
+    (JSON readers accept NaN / Infinity; no field of a record means anything by them).
     """
     value = row.get(name, None)
     if value is None:
@@ -99,6 +128,8 @@ def get_field(row: Mapping[str, Any], name: str, where: str, *, types: type | tu
             return default
         present = "is null" if name in row else "is missing"
         raise DataFormatError(f"{where}: field {name!r} {present} (row has: {sorted(row)})")
+    if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN / Infinity, 1e400
+        raise DataFormatError(f"{where}: field {name!r} is {value}, not a finite number")
     allowed = types if isinstance(types, tuple) else (types,)
     # bool is an int subclass: never accept it where a number is meant
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):

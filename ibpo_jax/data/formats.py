@@ -25,6 +25,7 @@ import base64
 import binascii
 import json
 import logging
+import math
 import pickletools
 import zlib
 from collections.abc import Callable, Mapping
@@ -100,6 +101,13 @@ def aime(row: dict, where: str, cols: Mapping[str, str]) -> dict:
     }
 
 
+def _is_answer(value: Any) -> bool:
+    """A published answer: a string or a finite number (JSON's NaN / Infinity are not)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, str | int) or (isinstance(value, float) and math.isfinite(value))
+
+
 def olympiadbench(row: dict, where: str, cols: Mapping[str, str]) -> dict | None:
     """English, text-only math problems; rows of other languages, subjects or with images: None."""
     if row.get("language", "English") != "English" or row.get("subject", "Math") != "Math":
@@ -108,9 +116,9 @@ def olympiadbench(row: dict, where: str, cols: Mapping[str, str]) -> dict | None
         return None
     answers = get_field(row, cols["answer"], where, types=(list, str))
     answers = [answers] if isinstance(answers, str) else answers
-    if not answers or not all(isinstance(a, str | int | float) for a in answers):
-        raise DataFormatError(
-            f"{where}: field {cols['answer']!r} should be a non-empty list of answer strings")
+    if not answers or not all(_is_answer(a) for a in answers):
+        raise DataFormatError(f"{where}: field {cols['answer']!r} should be a non-empty list of "
+                              "answer strings or finite numbers")
     solution = get_field(row, cols["solution"], where, types=(list, str), default=None)
     return {
         "id": _id(row, cols["id"], where),

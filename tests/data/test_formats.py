@@ -147,3 +147,46 @@ def test_paths_can_be_directories_and_globs(tmp_path):
 ])
 def test_published_answers_lose_one_outer_math_fence_only(raw, want):
     assert formats._answer_text(raw) == want
+
+
+def test_undecodable_and_too_deeply_nested_rows_name_file_and_line(tmp_path):
+    """A bad byte or a nesting the parser cannot follow is a bad row like any other: the error
+    names FILE:LINE (not a bare UnicodeDecodeError / RecursionError from inside the reader)."""
+    good = json.dumps({"prompt": "p", "answer": "1"}).encode()
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(good + b"\n" + good + b"\n" + b'{"prompt": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(DataFormatError, match=r"latin1\.jsonl:3: invalid UTF-8 \(byte 0xe9 at "
+                                              r"column 16\)"):
+        formats.load_records("math_jsonl", str(path))
+    path = tmp_path / "latin1.json"
+    path.write_bytes(b'[\n' + good + b',\n{"prompt": "\xff", "answer": "1"}\n]')
+    with pytest.raises(DataFormatError, match=r"latin1\.json:3: invalid UTF-8 \(byte 0xff"):
+        formats.load_records("math_jsonl", str(path))
+    path = _write(tmp_path / "deep.jsonl", [good.decode(), "[" * 100_000])
+    with pytest.raises(DataFormatError, match=r"deep\.jsonl:2: malformed JSON \(nested too deeply"):
+        formats.load_records("math_jsonl", path)
+    deep = '{"prompt": "p", "answer": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    path = _write(tmp_path / "deep_closed.jsonl", [deep])  # well-formed, still too deep
+    with pytest.raises(DataFormatError, match=r"deep_closed\.jsonl:1: malformed JSON"):
+        formats.load_records("math_jsonl", path)
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000)
+    with pytest.raises(DataFormatError, match=r"deep\.json:1: malformed JSON \(nested too deeply"):
+        formats.load_records("math_jsonl", str(path))
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_non_finite_answers_are_rejected(tmp_path, literal):
+    """Python's json accepts NaN / Infinity (and 1e400 overflows to inf); an answer "nan" or
+    "inf" would silently become the reference the reward compares against."""
+    path = _write(tmp_path / "nan.jsonl", ['{"prompt": "p", "answer": 1}',
+                                           '{"prompt": "p", "answer": %s}' % literal])
+    with pytest.raises(DataFormatError, match=r"nan\.jsonl:2: field 'answer' is -?(nan|inf), "
+                                              r"not a finite number"):
+        formats.load_records("math_jsonl", path)
+    row = json.load(open(fixture("olympiadbench.json")))[0]
+    text = json.dumps([row]).replace(json.dumps(row["final_answer"]), "[1, %s]" % literal)
+    (tmp_path / "ob.json").write_text(text)
+    with pytest.raises(DataFormatError, match=r"ob\.json:1: field 'final_answer' should be a "
+                                              r"non-empty list of answer strings or finite"):
+        formats.load_records("olympiadbench", str(tmp_path / "ob.json"))
