@@ -26,6 +26,7 @@ setup(
         "tensorboardX>=2.6,<3",
         "tqdm>=4.66,<5",
         "pyarrow>=14,<30",  # parquet benchmark files (AIME 2024, Codeforces)
+        "matplotlib>=3.8,<4",  # the reproduction's plots and the Appendix A notebook
     ],
     extras_require={
         "dev": [
@@ -39,6 +40,10 @@ setup(
             "torch>=2.4,<2.15",
             "trl>=0.20,<2",  # the peer in experiments/benchmarks/bench_rl_step.py
             "ruff>=0.6",
+            # Executes notebooks/appendix_a.ipynb with its outputs (make notebooks, and CI).
+            "nbformat>=5.9,<6",
+            "nbclient>=0.10,<1",
+            "ipykernel>=6.29,<8",
         ],
     },
 )
