@@ -1,0 +1,74 @@
+"""Policy-gradient variance across the groups of a batch (DESIGN §3, Appendix A's claim (ii)).
+
+The training loss of a batch is L = Σ_b num_b(θ) / D: each group b adds its own numerator (the
+run's aggregation, clipping and KL), and D, the aggregation's normalizer summed over the batch,
+does not depend on θ. The gradient restricted to group b is therefore g_b = ∇num_b / D, and
+Σ_b g_b = ∇L exactly. Appendix A's "policy-gradient variance" is read here as the trace of the
+covariance of these per-group contributions:
+
+    pg_var = Σ_b ‖g_b - ḡ‖² / (B - 1),   ḡ = (1/B) Σ_b g_b,
+
+logged with ‖ḡ‖² (`pg_mean_sqnorm`) beside it, so a reader can tell a smaller variance from a
+smaller gradient. Per-group gradients are accumulated with Welford's update, one group at a
+time in a `lax.scan`: memory is two parameter-sized trees, whatever B is, and no cancellation
+of Σ‖g_b‖² - B‖ḡ‖² in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def _sqnorm(tree: Any) -> jax.Array:
+    return sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree))
+
+
+def _vdot(a: Any, b: Any) -> jax.Array:
+    return sum(jnp.sum(x.astype(jnp.float32) * y.astype(jnp.float32))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+
+def group_gradient_variance(
+    loss_terms: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
+    params: Any,
+    n_groups: int,
+) -> dict[str, jax.Array]:
+    """PG variance of the per-group gradients of Σ_b num_b / Σ_b den_b.
+
+    Args:
+      loss_terms: (params, b) -> (num_b, den_b) for group index b (an int32 scalar): the run's
+        own loss numerator restricted to group b, and its share of the normalizer (which must
+        not depend on params: its gradient is ignored).
+      params: the policy parameters the gradients are taken at.
+      n_groups: B >= 2.
+
+    Returns:
+      dict of float32 scalars: pg_var (Σ‖g_b - ḡ‖² / (B - 1)), pg_mean_sqnorm (‖ḡ‖²) and
+      grad_sum (the tree Σ_b g_b = ∇L, for tests and callers that want it).
+    """
+    if n_groups < 2:
+        raise ValueError(f"policy-gradient variance needs >= 2 groups, got {n_groups}")
+    grad_fn = jax.grad(lambda p, b: loss_terms(p, b), has_aux=True)  # -> (∇num_b, den_b)
+
+    def step(carry, b):
+        mean, m2, den = carry
+        g, den_b = grad_fn(params, b)
+        k = (b + 1).astype(jnp.float32)
+        delta = jax.tree.map(lambda x, m: x.astype(jnp.float32) - m, g, mean)
+        mean = jax.tree.map(lambda m, d: m + d / k, mean, delta)
+        resid = jax.tree.map(lambda x, m: x.astype(jnp.float32) - m, g, mean)
+        return (mean, m2 + _vdot(delta, resid), den + jax.lax.stop_gradient(den_b)), None
+
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    init = (zeros, jnp.float32(0.0), jnp.float32(0.0))
+    (mean, m2, den), _ = jax.lax.scan(step, init, jnp.arange(n_groups, dtype=jnp.int32))
+    inv = jnp.where(den > 0, 1.0 / jnp.where(den > 0, den, 1.0), 0.0)  # g_b = ∇num_b / D
+    return {
+        "pg_var": m2 * inv**2 / (n_groups - 1),
+        "pg_mean_sqnorm": _sqnorm(mean) * inv**2,
+        "grad_sum": jax.tree.map(lambda m: m * (n_groups * inv), mean),
+    }
