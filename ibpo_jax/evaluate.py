@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from ibpo_jax import config as config_lib
 from ibpo_jax import hostmem, models, sampling, sharding
-from ibpo_jax.trainer import evaluation, loop, policy
+from ibpo_jax.trainer import evaluation, loop, policy, workdir
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, make_optimizer
 
@@ -41,15 +41,17 @@ def load_policy(cfg: config_lib.RunConfig, path: Path, *, task: Any, tokenizer: 
         raise FileNotFoundError(f"--checkpoint {path}: neither an HF directory, a run workdir "
                                 "nor an orbax checkpoint step directory")
     ckpt = Checkpointer(ckpt_dir, read_only=True)  # the run may still be writing
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-        raise FileNotFoundError(f"--checkpoint {path}: no checkpoint in {ckpt_dir}")
+    found = ckpt.latest_meta(None if step is None else [step])  # damaged ones skipped
+    if found is None:
+        raise FileNotFoundError(f"--checkpoint {path}: no readable checkpoint in {ckpt_dir}")
     # The run's own config fixes the state layout (model size, value head, optimizer state);
     # --config only chooses how to evaluate.
-    run_cfg = config_lib.from_dict(ckpt.meta(step)["config"])
+    run_cfg = config_lib.from_dict(found[1]["config"])
     base = policy.load_base(run_cfg, task=task, tokenizer=tokenizer, mesh=mesh, log=print)
     optimizer = make_optimizer(run_cfg.optim, total_updates=max(run_cfg.train.steps, 1))
-    state, _ = ckpt.restore(step, init_state(base.params, optimizer))
+    step, state, _ = ckpt.restore_latest(  # a damaged step: the newest intact one before it
+        init_state(base.params, optimizer), log=print,
+        steps=[s for s in ckpt.all_steps() if s <= found[0]] if step is None else [step])
     ckpt.close()
     print(f"restored {ckpt_dir}/{step}", flush=True)
     return models.Qwen3LM(base.config, base.options, state.params, mesh)
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--benchmark", action="append", default=[],
                         help="name=path (a TASKS name and its local file); repeatable")
     parser.add_argument("--out", default="", help="write the results as JSON here")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (also: IBPO_DEBUG=1)")
     args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     hostmem.reuse_freed_memory()  # before jax starts its threads
     try:
@@ -118,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     benchmarks = [tuple(b.split("=", 1)) if "=" in b else (b, "") for b in args.benchmark]
-    results = evaluate_benchmarks(cfg, args.checkpoint, benchmarks)
+    try:
+        results = evaluate_benchmarks(cfg, args.checkpoint, benchmarks)
+    except workdir.user_errors() as e:  # one line naming the culprit
+        if workdir.debug_requested(args.debug):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(table(cfg.algo, results, cfg.eval.samples))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2))

@@ -22,6 +22,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
                         help="config file, optionally with :preset")
     parser.add_argument("--workdir", default="", help="outputs + checkpoints "
                         "(default: workdirs/<algo>_<preset>_seed<seed>)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (also: IBPO_DEBUG=1)")
     args, rest = parser.parse_known_args(argv)
     cfg = config.load(args.config, config.parse_overrides(rest))
     if not args.workdir:
@@ -44,7 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     # Multi-host: the coordinator comes from the cluster environment.
     sharding.initialize_distributed(cfg.train.distributed)
 
-    loop.run(cfg, workdir=args.workdir)
+    from ibpo_jax.trainer import workdir
+
+    try:
+        loop.run(cfg, workdir=args.workdir)
+    except workdir.user_errors() as e:  # one line naming the culprit
+        if workdir.debug_requested(args.debug):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

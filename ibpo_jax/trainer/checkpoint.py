@@ -5,15 +5,73 @@ A checkpoint holds the train state pytree (params, optimizer state, step) and a 
 and renames it when complete, so a run killed mid-save leaves the previous checkpoint intact;
 `keep` bounds how many are kept. The per-step RNG is derived from (seed, step), so it needs
 no saving: a resumed run draws exactly the keys an uninterrupted one would.
+
+A checkpoint can still be damaged after it was committed (a file deleted or cut short by a
+full disk, a copy, a crash of the storage): `restore_latest` then falls back to the newest
+intact one, says which it skipped and why, and moves the damaged step directories aside
+(``checkpoints_skipped/``) so the run can save those steps again. A checkpoint whose arrays
+do not fit the state being restored (another model or optimizer) is not damage: it raises
+`CheckpointMismatch` naming the first leaves that differ.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from ibpo_jax.trainer.workdir import RunError
+
+_SHOWN = 3  # mismatched leaves named in an error
+
+
+class CheckpointError(RunError):
+    """No checkpoint of the directory can be read."""
+
+
+class CheckpointMismatch(RunError):
+    """A readable checkpoint whose arrays do not fit the state to restore; `meta` is its
+    record (its config names what was trained)."""
+
+    def __init__(self, message: str, *, step: int, meta: dict[str, Any]):
+        super().__init__(message)
+        self.step, self.meta = step, meta
+
+
+def _leaf_name(path: tuple) -> str:
+    """"params.layers.0.kernel": the same for a live pytree (namedtuples: attribute keys) and
+    orbax's stored tree metadata (dicts and lists)."""
+    parts = []
+    for k in path:
+        parts.append(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))))
+    return ".".join(parts)
+
+
+def _shapes(tree: Any) -> dict[str, tuple[int, ...] | None]:
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return {_leaf_name(p): tuple(getattr(x, "shape", ()) or ()) for p, x in leaves}
+
+
+def tree_mismatch(saved: Any, target: Any) -> list[str]:
+    """How the stored state tree `saved` differs from `target`: leaves only one side has, and
+    shapes that differ (empty: they fit); parameters first, the optimizer state mirrors them."""
+    a, b = _shapes(saved), _shapes(target)
+    order = lambda keys: sorted(keys, key=lambda k: (not k.startswith("params."), k))
+    out = [f"{k}: shape {a[k]} in the checkpoint, {b[k]} here"
+           for k in order(a.keys() & b.keys()) if a[k] != b[k]]
+    out += [f"{k}: only in the checkpoint" for k in order(a.keys() - b.keys())]
+    out += [f"{k}: not in the checkpoint" for k in order(b.keys() - a.keys())]
+    return out
+
+
+def _reason(error: Exception) -> str:
+    """One short line for an orbax / tensorstore error (theirs run to pages of specs)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {(text[0] if text else '')[:160]}"
 
 
 class Checkpointer:
@@ -27,6 +85,7 @@ class Checkpointer:
                  read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.every = every
+        self._read_only = read_only
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
             create=not read_only,
@@ -39,6 +98,22 @@ class Checkpointer:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def path(self, step: int) -> Path:
+        return self.directory / str(step)
+
+    def latest_meta(self, steps: list[int] | None = None) -> tuple[int, dict[str, Any]] | None:
+        """(step, record) of the newest checkpoint (of `steps`, default all) whose JSON
+        record reads."""
+        for step in sorted(self._manager.all_steps() if steps is None else steps, reverse=True):
+            try:
+                return step, self.meta(step)
+            except Exception:  # damaged: restore_latest reports it
+                continue
+        return None
 
     def should_save(self, step: int, *, last: bool) -> bool:
         return last or step % self.every == 0
@@ -70,5 +145,77 @@ class Checkpointer:
         )
         return restored.state, restored.meta
 
+    def _check_fits(self, step: int, abstract: Any, meta: dict[str, Any]) -> None:
+        """Raises CheckpointMismatch when the stored tree metadata of `step` reads and differs
+        from `abstract` (unreadable metadata is left to the restore to judge)."""
+        try:  # the handler directly: a fresh manager knows no handler for "state" yet
+            saved = ocp.StandardCheckpointHandler().metadata(self.path(step) / "state")
+            saved = getattr(saved, "tree", saved)
+        except Exception:
+            return
+        if saved is None:
+            return
+        diff = tree_mismatch(saved, abstract)
+        if diff:
+            more = f" (and {len(diff) - _SHOWN} more)" if len(diff) > _SHOWN else ""
+            raise CheckpointMismatch(
+                f"checkpoint {self.path(step)} does not fit this state: "
+                f"{'; '.join(diff[:_SHOWN])}{more}", step=step, meta=meta)
+
+    def _try_restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+        try:
+            meta = self.meta(step)
+        except Exception as e:
+            raise _Damaged(_reason(e)) from e
+        self._check_fits(step, target, meta)
+        try:
+            return self.restore(step, target)
+        except Exception as e:
+            raise _Damaged(_reason(e)) from e
+
+    def restore_latest(self, target: Any, *, log: Callable[[str], None],
+                       steps: list[int] | None = None) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, record) of the newest intact checkpoint (of `steps`, default all),
+        None when there is none at all; damaged ones are skipped (logged with the reason) and,
+        unless read-only, moved to checkpoints_skipped/. Raises CheckpointError when every
+        checkpoint is damaged."""
+        skipped = []
+        for step in sorted(self._manager.all_steps() if steps is None else steps, reverse=True):
+            try:
+                state, meta = self._try_restore(step, target)
+            except _Damaged as e:
+                log(f"skipping damaged checkpoint {self.path(step)} ({e})")
+                skipped.append((step, str(e)))
+                continue
+            self._set_aside([s for s, _ in skipped])
+            return step, state, meta
+        if skipped:
+            raise CheckpointError("no intact checkpoint: " + "; ".join(
+                f"{self.path(s)}: {why}" for s, why in skipped))
+        return None
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Moves damaged step directories out of the manager's sight (a later save of the
+        same step would otherwise collide with them)."""
+        if not steps or self._read_only:
+            return
+        if jax.process_index() == 0:
+            aside = self.directory.parent / f"{self.directory.name}_skipped"
+            aside.mkdir(exist_ok=True)
+            for step in steps:
+                dest = aside / str(step)
+                if dest.exists():
+                    shutil.rmtree(dest)
+                shutil.move(str(self.path(step)), dest)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("checkpoint_set_aside")
+        self._manager.reload()
+
     def close(self) -> None:
         self._manager.close()
+
+
+class _Damaged(Exception):
+    """A checkpoint that cannot be read; the message is the reason."""

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,14 @@ import numpy as np
 import tqdm
 from tensorboardX import SummaryWriter
 
+from ibpo_jax.trainer.workdir import RunError
+
 _BAR_KEYS = (("reward_mean", "R"), ("accuracy", "acc"), ("phi_mean", "phi"),
              ("eval_accuracy", "eval"))
+
+
+class MetricsFileError(RunError):
+    """metrics.jsonl is damaged before its last line."""
 
 
 def _jsonable(value: Any) -> Any:
@@ -31,10 +38,29 @@ def _jsonable(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl. A last line that does not parse is the torn write of a
+    run that died mid-line: dropped with a warning (resume then rewrites the file without
+    it); a bad line before the last is damage and raises MetricsFileError naming FILE:LINE."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [(i, line) for i, line in enumerate(
+        path.read_bytes().decode("utf-8", "replace").splitlines(), start=1) if line.strip()]
+    rows = []
+    for k, (line_no, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError("not a metrics row")
+        except ValueError as e:
+            if k < len(lines) - 1:
+                raise MetricsFileError(f"{path}:{line_no}: unreadable metrics row ({e})") \
+                    from None
+            warnings.warn(f"{path}:{line_no}: dropped a torn last line (the run died while "
+                          f"writing it): {line[:60]!r}", RuntimeWarning, stacklevel=2)
+            break
+        rows.append(row)
+    return rows
 
 
 class RunLog:

@@ -28,6 +28,7 @@ from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer import evaluation, packing, policy, step
+from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics
@@ -173,16 +174,14 @@ class Trainer:
                           else reward_pool(cfg, self.eval_task.reward))
 
     def restore(self, ckpt: Checkpointer) -> int | None:
-        """Restores the latest checkpoint, if any; returns its step."""
-        last = ckpt.latest_step()
-        if last is None:
+        """Restores the newest intact checkpoint, if any, and records the run's config
+        (workdir.resume: config checks, fallback past damaged checkpoints); returns its step."""
+        found = workdir_lib.resume(ckpt, self.cfg, self.state, self.workdir, log=self.say,
+                                   record=self.is_main)
+        if found is None:
             return None
-        self.state, meta = ckpt.restore(last, self.state)
+        last, self.state, meta = found
         self.sampler.restore(meta["data_position"])
-        now = self.cfg.to_dict()
-        changed = sorted(k for k in meta["config"] if meta["config"][k] != now.get(k))
-        if changed:
-            self.say(f"resuming with a changed config (sections: {', '.join(changed)})")
         self.say(f"resumed from {ckpt.directory}/{last} (data position {self.sampler.position})")
         return last
 
@@ -293,7 +292,14 @@ class Trainer:
 
 
 def run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
-    """Trains per `cfg`, writing outputs under `workdir`; returns the metrics rows."""
+    """Trains per `cfg`, writing outputs under `workdir` (locked for this run alone; a changed
+    config is refused before anything is built); returns the metrics rows."""
+    with workdir_lib.RunLock(workdir, enabled=jax.process_index() == 0):
+        workdir_lib.check_latest_config(Path(workdir) / "checkpoints", cfg)
+        return _run(cfg, workdir=workdir)
+
+
+def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     trainer = Trainer(cfg, workdir)
     workdir = trainer.workdir
     ckpt = Checkpointer(workdir / "checkpoints", every=cfg.train.checkpoint_every,
@@ -301,20 +307,19 @@ def run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     log = None
     try:
         last = trainer.restore(ckpt)
-        if trainer.is_main:
-            workdir.mkdir(parents=True, exist_ok=True)
-            (workdir / "config.json").write_text(cfg.to_json())
         log = RunLog(workdir, total_steps=cfg.train.steps,
                      last_step=-1 if last is None else last, progress=cfg.train.progress,
                      is_main=trainer.is_main)
         if last is None:
             log.info("evaluating the base policy")
             log.write(0, {**trainer.evaluate(), "budget_trajectories": 0})
+        stall = workdir_lib.StallGuard(cfg.optim.epochs * cfg.optim.minibatches)
         for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
             metrics = trainer.rl_step(s)
             if s % cfg.train.eval_every == 0 or s == cfg.train.steps:
                 metrics.update(trainer.evaluate())
             log.write(s, metrics)
+            stall.check(s, metrics)  # logged first: the rows show the skipped updates
             if ckpt.should_save(s, last=s == cfg.train.steps):
                 trainer.save(ckpt, s)
         trainer.export_hf(workdir / "hf_final")

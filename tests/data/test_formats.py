@@ -180,12 +180,12 @@ def test_non_finite_answers_are_rejected(tmp_path, literal):
     """Python's json accepts NaN / Infinity (and 1e400 overflows to inf); an answer "nan" or
     "inf" would silently become the reference the reward compares against."""
     path = _write(tmp_path / "nan.jsonl", ['{"prompt": "p", "answer": 1}',
-                                           '{"prompt": "p", "answer": %s}' % literal])
+                                           '{"prompt": "p", "answer": ' + literal + "}"])
     with pytest.raises(DataFormatError, match=r"nan\.jsonl:2: field 'answer' is -?(nan|inf), "
                                               r"not a finite number"):
         formats.load_records("math_jsonl", path)
     row = json.load(open(fixture("olympiadbench.json")))[0]
-    text = json.dumps([row]).replace(json.dumps(row["final_answer"]), "[1, %s]" % literal)
+    text = json.dumps([row]).replace(json.dumps(row["final_answer"]), f"[1, {literal}]")
     (tmp_path / "ob.json").write_text(text)
     with pytest.raises(DataFormatError, match=r"ob\.json:1: field 'final_answer' should be a "
                                               r"non-empty list of answer strings or finite"):

@@ -1,0 +1,106 @@
+"""A damaged latest checkpoint (a file missing or cut short) falls back to the newest intact one,
+saying which was skipped and why; none intact is an error naming the paths; a state that does
+not fit a readable checkpoint is a mismatch naming the leaf, not damage."""
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ibpo_jax import config
+from ibpo_jax.trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    CheckpointMismatch,
+    tree_mismatch,
+)
+from ibpo_jax.trainer.state import init_state, make_optimizer
+
+
+def _state(scale=1.0, width=4):
+    """A real train state: params, AdamW (+ clipping) state with namedtuples and empty nodes."""
+    optim = config.load("configs/ibpo_gspo.py:smoke").optim
+    params = {"embed": jnp.full((3, width), scale), "layers": [{"kernel": jnp.arange(width * 1.0)}]}
+    return init_state(params, make_optimizer(optim, total_updates=10))
+
+
+def _largest_data_file(step_dir):
+    return max((p for p in (step_dir / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "data file cut short": lambda d: _truncate(_largest_data_file(d)),
+    "data file missing": lambda d: _largest_data_file(d).unlink(),
+    "record missing": lambda d: (d / "meta" / "metadata").unlink(),
+    "tree metadata cut short": lambda d: _truncate(d / "state" / "_METADATA"),
+    "state missing": lambda d: shutil.rmtree(d / "state"),
+}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
+    for step in (2, 4, 6):
+        ckpt.save(step, _state(scale=step), {"step": step, "data_position": 10 * step})
+    ckpt.close()
+    return tmp_path
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_latest_falls_back_to_the_newest_intact(saved, damage):
+    DAMAGE[damage](saved / "checkpoints" / "6")
+    logged = []
+    ckpt = Checkpointer(saved / "checkpoints", keep=3)
+    step, state, meta = ckpt.restore_latest(_state(), log=logged.append)
+    assert (step, meta["data_position"]) == (4, 40)
+    np.testing.assert_array_equal(state.params["embed"], np.full((3, 4), 4.0))
+    (line,) = logged
+    assert line.startswith(f"skipping damaged checkpoint {saved / 'checkpoints' / '6'} (")
+    assert "\n" not in line and len(line) < 400
+    # Set aside, so the resumed run can save step 6 again (it would collide otherwise).
+    assert (saved / "checkpoints_skipped" / "6").is_dir()
+    ckpt.save(6, jax.tree.map(lambda x: x + 1, state), {"step": 6, "data_position": 60})
+    assert ckpt.latest_step() == 6 and ckpt.restore(6, _state())[1]["data_position"] == 60
+    ckpt.close()
+
+
+def test_no_intact_checkpoint_names_every_path(saved):
+    for step in (2, 4, 6):
+        DAMAGE["data file cut short"](saved / "checkpoints" / str(step))
+    ckpt = Checkpointer(saved / "checkpoints", read_only=True)  # evaluation: moves nothing
+    with pytest.raises(CheckpointError, match="no intact checkpoint") as e:
+        ckpt.restore_latest(_state(), log=lambda _: None)
+    for step in (2, 4, 6):
+        assert f"{saved / 'checkpoints' / str(step)}: " in str(e.value)
+    assert not (saved / "checkpoints_skipped").exists()
+    assert ckpt.restore_latest(_state(), log=print, steps=[]) is None
+    ckpt.close()
+
+
+def test_a_state_that_does_not_fit_is_a_mismatch_not_damage(saved):
+    ckpt = Checkpointer(saved / "checkpoints", keep=3)
+    with pytest.raises(CheckpointMismatch) as e:
+        ckpt.restore_latest(_state(width=5), log=print)
+    assert e.value.step == 6 and e.value.meta["data_position"] == 60
+    assert "params.embed: shape (3, 4) in the checkpoint, (3, 5) here" in str(e.value)
+    assert "(and " in str(e.value)  # AdamW's moments differ too: counted, not listed
+    assert ckpt.latest_step() == 6 and not (saved / "checkpoints_skipped").exists()
+    ckpt.close()
+
+
+def test_tree_mismatch_reads_namedtuple_states_like_stored_metadata(saved):
+    """Orbax stores namedtuples (TrainState, AdamW's state) as dicts and drops empty nodes:
+    the leaf names must still line up, or every resume would be refused."""
+    import orbax.checkpoint as ocp
+
+    meta = ocp.StandardCheckpointHandler().metadata(saved / "checkpoints" / "4" / "state").tree
+    assert tree_mismatch(meta, _state()) == []
+    extra = _state()._replace(params={**_state().params, "head": jnp.ones(2)})
+    assert tree_mismatch(meta, extra) == ["params.head: not in the checkpoint"]
