@@ -1,15 +1,21 @@
 """Code reward: run a program against stdin/stdout and LiveCodeBench call-based tests, sandboxed.
 
-`run_tests` gives every program a fresh subprocess (`_harness.py`) in a new session (its own
-process group) and a fresh temporary directory, with an empty environment (no inherited
-secrets), rlimits on memory, CPU time, output size (stdout/stderr are capped files), open files
-and processes, Landlock confinement where the kernel has it, and an audit hook in the process
-that runs the program (see the harness docstring for the layers). The program may read files
-but not write any: its only outputs are stdout and stderr (and the call-based return value).
-The whole group is killed with SIGKILL when the sandbox finishes or overruns its deadline, and
-the directory removed.
-Every failure mode comes back as a failed CodeResult with a reason; nothing is raised to the
-caller for anything the program does.
+`run_tests` gives every program a fresh temporary directory and a harness process
+(`_harness.py`, kernel layers in `_layers.py`) started in a new session with an empty
+environment. The boundary is what the kernel enforces, in layers (see the harness docstring):
+a PID namespace whose init is killed at the end (no process survives scoring), no network (a
+network namespace, and seccomp denying socket(2) of every family), Landlock (reads only below
+the interpreter's directories, no writes, no TCP, signals and abstract sockets scoped), an
+unprivileged uid (65534 for a root trainer) so RLIMIT_NPROC binds, and rlimits (CPU, memory,
+output size, open files, processes). The audit hook in the program's interpreter stays only as
+a fast early "no". The program's only outputs are stdout and stderr (and the call-based return
+value); the directory is removed afterwards.
+
+`sandbox="strict"` (config.reward.sandbox, the default) refuses to run code when this host lacks
+a layer of REQUIRED (SandboxUnavailable, naming the layer and why); `"best_effort"` runs with
+the layers the host has. `sandbox_report()` says which those are.
+Every failure of the program comes back as a failed CodeResult with a reason; nothing is raised
+to the caller for anything the program does.
 
 Verdicts follow LiveCodeBench: stdio outputs are compared line by line after stripping, a line
 that differs as text may still match token-wise as decimals ("1.0" == "1"); call-based tests
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
+import functools
 import json
 import os
 import re
@@ -30,12 +37,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from ibpo_jax.data.formats import decode_lcb_tests
 from ibpo_jax.registry import REWARDS
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_harness.py")
+LAYERS_FILE = os.path.join(os.path.dirname(HARNESS), "_layers.py")
+LAYERS = ("pid_namespace", "net_namespace", "unprivileged_uid", "landlock", "seccomp",
+          "audit_hook")  # the layers run_tests can switch (all by default)
+REQUIRED = LAYERS + ("rlimits",)  # what sandbox="strict" refuses to run without
+SANDBOX_MODES = ("strict", "best_effort")
 STARTUP_SLACK_S = 5.0  # interpreter start-up and harness set-up, beyond the per-test limits
 _CODE_BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.I)
 
@@ -44,7 +56,8 @@ _CODE_BLOCK_RE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOT
 class CodeResult:
     """passed: every test passed. reason: "passed" or what went wrong first (test index, kind).
     tests: per executed test {status, exit_code, signal, time_s, cpu_s, verdict}.
-    isolation: the sandbox layers that were active."""
+    isolation: the sandbox layers that were active; missing: "layer: why" for the others;
+    landlock_abi: the Landlock ABI applied (0: none)."""
 
     passed: bool
     num_passed: int
@@ -52,6 +65,12 @@ class CodeResult:
     reason: str
     tests: tuple[dict, ...] = ()
     isolation: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    landlock_abi: int = 0
+
+
+class SandboxUnavailable(RuntimeError):
+    """sandbox="strict" and a required layer is missing: no code was run."""
 
 
 def extract_code(response: str) -> str | None:
@@ -131,16 +150,22 @@ def _wait_unreaped(pid: int, deadline: float) -> bool:
     return True
 
 
-def run_tests(program: str, tests: Sequence[Mapping[str, str]], *, timeout_s: float = 6.0,
-              memory_mb: int = 1024, fn_name: str | None = None,
-              max_output_bytes: int = 32 << 20, max_processes: int = 16) -> CodeResult:
-    """Runs `program` (Python 3 source) on `tests` in the sandbox; stops at the first failure.
+def sandbox_mode(sandbox: str) -> str:
+    if sandbox not in SANDBOX_MODES:
+        raise ValueError(f"config.reward.sandbox must be one of {SANDBOX_MODES}, got {sandbox!r}")
+    return sandbox
 
-    tests: [{"input": str, "output": str, "kind": "stdio" | "call"}]; call tests need fn_name.
-    timeout_s: wall-clock limit per test (CPU time is capped at the next whole second + 1).
-    memory_mb: address-space limit. max_output_bytes: cap on each test's stdout and stderr.
-    max_processes: processes/threads the sandbox may add (not enforced by the kernel for root).
-    """
+
+def _enabled_layers(layers: Collection[str] | None) -> list[str]:
+    if layers is None:
+        return list(LAYERS)
+    unknown = sorted(set(layers) - set(LAYERS))
+    if unknown:
+        raise ValueError(f"run_tests: unknown sandbox layers {unknown}; known: {LAYERS}")
+    return [name for name in LAYERS if name in layers]
+
+
+def _check_tests(tests: Sequence[Mapping[str, str]], fn_name: str | None, memory_mb: int):
     if not tests:
         raise ValueError("run_tests: no tests given; a program cannot pass an empty test set")
     for k, t in enumerate(tests):
@@ -150,6 +175,27 @@ def run_tests(program: str, tests: Sequence[Mapping[str, str]], *, timeout_s: fl
             raise ValueError(f"run_tests: test {k} is call-based but no fn_name was given")
     if memory_mb < 64:
         raise ValueError(f"run_tests: memory_mb={memory_mb} is too small for a Python process")
+
+
+def run_tests(program: str, tests: Sequence[Mapping[str, str]], *, timeout_s: float = 6.0,
+              memory_mb: int = 1024, fn_name: str | None = None,
+              max_output_bytes: int = 32 << 20, max_processes: int = 16,
+              sandbox: str = "strict", layers: Collection[str] | None = None) -> CodeResult:
+    """Runs `program` (Python 3 source) on `tests` in the sandbox; stops at the first failure.
+
+    tests: [{"input": str, "output": str, "kind": "stdio" | "call"}]; call tests need fn_name.
+    timeout_s: wall-clock limit per test (CPU time is capped at the next whole second + 1).
+    memory_mb: address-space limit. max_output_bytes: cap on each test's stdout and stderr.
+    max_processes: processes/threads the program may add (RLIMIT_NPROC; binds unless the
+    sandbox runs as root, see the unprivileged_uid layer).
+    sandbox: "strict" raises SandboxUnavailable, running nothing, when a REQUIRED layer is
+    missing; "best_effort" runs with what the host has. layers: the LAYERS to apply (default
+    all; fewer is for tests of one layer at a time).
+    """
+    _check_tests(tests, fn_name, memory_mb)
+    enabled = _enabled_layers(layers)
+    if sandbox_mode(sandbox) == "strict":
+        require_sandbox("strict")  # the host's layers, probed once per process
     workdir = tempfile.mkdtemp(prefix="ibpo-sandbox-")
     try:
         with open(os.path.join(workdir, "program.py"), "w", encoding="utf-8") as f:
@@ -161,22 +207,38 @@ def run_tests(program: str, tests: Sequence[Mapping[str, str]], *, timeout_s: fl
                             for k, t in enumerate(tests)],
                   "fn_name": fn_name, "timeout_s": float(timeout_s),
                   "memory_bytes": int(memory_mb) << 20, "max_output_bytes": int(max_output_bytes),
-                  "max_processes": int(max_processes), "parent_pid": os.getpid()}
+                  "max_processes": int(max_processes), "layers": enabled,
+                  "required": list(REQUIRED) if sandbox == "strict" else []}
         with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
             json.dump(config, f)
         shutil.copy(HARNESS, os.path.join(workdir, "harness.py"))
+        shutil.copy(LAYERS_FILE, os.path.join(workdir, "_layers.py"))
         return _run_harness(workdir, tests, config)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _start_harness(workdir: str) -> tuple[subprocess.Popen, int]:
+    """The harness process, and the write end of its lifeline (close it once it is done)."""
+    alive_r, alive_w = os.pipe()
+    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
+    try:
+        with open(os.path.join(workdir, "harness.log"), "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-B", "harness.py", "config.json", str(alive_r)],
+                cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True, pass_fds=(alive_r,))
+    except BaseException:
+        os.close(alive_w)
+        raise
+    finally:
+        os.close(alive_r)
+    return proc, alive_w
+
+
 def _run_harness(workdir: str, tests: Sequence[Mapping[str, str]], config: dict) -> CodeResult:
     timeout_s, n = config["timeout_s"], len(tests)
-    env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8"}
-    with open(os.path.join(workdir, "harness.log"), "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", "harness.py", "config.json"], cwd=workdir, env=env,
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    proc, alive_w = _start_harness(workdir)
     try:
         deadline = time.monotonic() + STARTUP_SLACK_S + n * (timeout_s + 0.5)
         finished = _wait_unreaped(proc.pid, deadline)
@@ -186,6 +248,7 @@ def _run_harness(workdir: str, tests: Sequence[Mapping[str, str]], config: dict)
         except ProcessLookupError:
             pass
         proc.wait()
+        os.close(alive_w)
     if not finished:
         return CodeResult(False, 0, n, f"sandbox exceeded its overall deadline "
                                        f"({STARTUP_SLACK_S + n * (timeout_s + 0.5):g} s)")
@@ -195,15 +258,24 @@ def _run_harness(workdir: str, tests: Sequence[Mapping[str, str]], config: dict)
     except (OSError, json.JSONDecodeError):
         return CodeResult(False, 0, n, f"sandbox failed (exit code {proc.returncode}): "
                                        f"{_tail(os.path.join(workdir, 'harness.log'))}")
-    isolation = tuple(report["isolation"])
+    if report["refused"]:
+        raise SandboxUnavailable(_refusal(report["refused"], report["layers"]))
+    return _verdicts(report, workdir, tests, config)
+
+
+def _verdicts(report: dict, workdir: str, tests: Sequence[Mapping[str, str]],
+              config: dict) -> CodeResult:
+    n, cap = len(tests), config["max_output_bytes"]
+    layers = {"isolation": tuple(k for k, v in report["layers"].items() if v is None),
+              "missing": tuple(f"{k}: {v}" for k, v in report["layers"].items() if v is not None),
+              "landlock_abi": report["landlock_abi"]}
     if report["compile_error"]:
-        return CodeResult(False, 0, n, f"compile error: {report['compile_error']}",
-                          isolation=isolation)
-    results, cap = [], config["max_output_bytes"]
+        return CodeResult(False, 0, n, f"compile error: {report['compile_error']}", **layers)
+    results = []
     for k, status in enumerate(report["tests"]):
         test = tests[k]
         if status["status"] != "ok":
-            reason = _failure_reason(k, status, workdir, cap, timeout_s)
+            reason = _failure_reason(k, status, workdir, cap, config["timeout_s"])
         else:
             kind = test.get("kind", "stdio")
             produced = _read(os.path.join(workdir, f"{'res' if kind == 'call' else 'out'}_{k}.txt"),
@@ -215,19 +287,63 @@ def _run_harness(workdir: str, tests: Sequence[Mapping[str, str]], config: dict)
             reason = (f"test {k}: wrong answer (expected {test['output'][:60]!r}, "
                       f"got {produced[:60]!r})")
         results.append({**status, "verdict": reason})
-        return CodeResult(False, k, n, reason, tuple(results), isolation)
+        return CodeResult(False, k, n, reason, tuple(results), **layers)
     if len(results) < n:  # cannot happen unless status.json was tampered with
         return CodeResult(False, len(results), n, "sandbox reported fewer tests than it was given",
-                          tuple(results), isolation)
-    return CodeResult(True, n, n, "passed", tuple(results), isolation)
+                          tuple(results), **layers)
+    return CodeResult(True, n, n, "passed", tuple(results), **layers)
+
+
+def _refusal(missing: Mapping[str, str], layers: Mapping[str, str | None]) -> str:
+    active = ", ".join(k for k, v in layers.items() if v is None) or "none"
+    lacking = "; ".join(f"{k} ({v})" for k, v in missing.items())
+    return (f"config.reward.sandbox='strict': the code sandbox lacks {lacking} on this host, so "
+            f"no model-written code is run. Give the host what the layer needs (README, code "
+            f"sandbox) or set config.reward.sandbox='best_effort' to score with the layers it "
+            f"has ({active}).")
+
+
+@functools.lru_cache(maxsize=1)
+def sandbox_report() -> dict:
+    """The sandbox layers this host gives, probed once per process by running a trivial
+    program with every layer: {"active": [layers], "missing": {layer: why}, "landlock_abi": int,
+    "euid": the trainer's euid, "strict_ok": whether sandbox="strict" can run code}."""
+    result = run_tests("print('ok')", [{"input": "", "output": "ok"}], timeout_s=5.0,
+                       memory_mb=256, sandbox="best_effort")
+    missing = dict(entry.split(": ", 1) for entry in result.missing)
+    if not result.passed:  # the probe itself failed: nothing can be vouched for
+        missing = {name: f"probe failed: {result.reason}" for name in REQUIRED}
+    active = [name for name in result.isolation if name not in missing]
+    return {"active": active, "missing": missing, "landlock_abi": result.landlock_abi,
+            "euid": os.geteuid(), "strict_ok": not set(REQUIRED) & set(missing)}
+
+
+def sandbox_summary(sandbox: str) -> str:
+    """One log line: the mode and the layers active / missing on this host."""
+    report = sandbox_report()
+    missing = ", ".join(f"{k} ({v})" for k, v in report["missing"].items()) or "none"
+    return (f"code sandbox (config.reward.sandbox={sandbox_mode(sandbox)!r}, euid "
+            f"{report['euid']}, Landlock ABI {report['landlock_abi']}): active "
+            f"{', '.join(report['active'])}; missing {missing}")
+
+
+def require_sandbox(sandbox: str) -> str:
+    """Returns `sandbox`; raises SandboxUnavailable when it is "strict" and the host lacks a
+    required layer (called once at start-up, and before every strict run)."""
+    report = sandbox_report()
+    if sandbox_mode(sandbox) == "strict" and not report["strict_ok"]:
+        missing = {k: v for k, v in report["missing"].items() if k in REQUIRED}
+        raise SandboxUnavailable(_refusal(missing, {k: None for k in report["active"]}))
+    return sandbox
 
 
 @REWARDS.register("code")
 def code_reward(record: dict, response: str, *, timeout_s: float = 6.0,
-                memory_mb: int = 1024) -> tuple[bool, dict]:
+                memory_mb: int = 1024, sandbox: str = "strict") -> tuple[bool, dict]:
     """Verifier for code tasks: the response's last ```python block must pass every test of
     the record (public, then private ones, decoded here). The record's own time and memory
-    limits apply when they are more generous than timeout_s / memory_mb."""
+    limits apply when they are more generous than timeout_s / memory_mb. sandbox: "strict" or
+    "best_effort" (config.reward.sandbox; see the module docstring)."""
     program = extract_code(response)
     if program is None:
         return False, {"reason": "no ```python code block in the response", "answer": None}
@@ -236,6 +352,7 @@ def code_reward(record: dict, response: str, *, timeout_s: float = 6.0,
         tests += decode_lcb_tests(record["private_tests_encoded"])
     result = run_tests(program, tests, fn_name=record.get("fn_name"),
                        timeout_s=max(timeout_s, record.get("time_limit_s") or 0),
-                       memory_mb=int(max(memory_mb, record.get("memory_limit_mb") or 0)))
+                       memory_mb=int(max(memory_mb, record.get("memory_limit_mb") or 0)),
+                       sandbox=sandbox)
     return result.passed, {"reason": result.reason, "answer": program,
                            "num_passed": result.num_passed, "num_tests": result.num_tests}

@@ -5,7 +5,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -14,8 +13,17 @@ from ibpo_jax.rewards import code, get_reward, run_tests
 from ibpo_jax.rewards.code import extract_code, stdio_equal
 
 FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "data", "fixtures")
-CODE = get_reward("code", timeout_s=3.0, memory_mb=512)
 ONE_TEST = [{"input": "", "output": "ok\n"}]
+
+
+def host_mode():
+    """strict where this host has every required layer, else best_effort (test_sandbox_layers
+    asserts that strict refuses there)."""
+    return "strict" if code.sandbox_report()["strict_ok"] else "best_effort"
+
+
+def code_reward():
+    return get_reward("code", timeout_s=3.0, memory_mb=512, sandbox=host_mode())
 
 
 @pytest.fixture
@@ -47,7 +55,7 @@ def survivors(session_ids):
 
 
 def run(program, tests=ONE_TEST, **kwargs):
-    kwargs = {"timeout_s": 2.0, "memory_mb": 512, **kwargs}
+    kwargs = {"timeout_s": 2.0, "memory_mb": 512, "sandbox": host_mode(), **kwargs}
     return run_tests(program, tests, **kwargs)
 
 
@@ -105,18 +113,19 @@ def test_fixture_problems():
     lcb_stdin, lcb_call = formats.load_records("livecodebench",
                                                os.path.join(FIXTURES, "livecodebench.jsonl"))
     (cf,) = formats.load_records("codeforces", os.path.join(FIXTURES, "codeforces.parquet"))
+    reward = code_reward()
     summing = "```python\ninput()\nprint(sum(map(int, input().split())))\n```"
-    result = CODE(lcb_stdin, summing)
+    result = reward(lcb_stdin, summing)
     assert result.reward == 1.0 and result.info["num_tests"] == 3, result.info["reason"]
-    public_only = CODE(lcb_stdin, "```python\nprint(6)\n```")  # hard-codes the public answer
+    public_only = reward(lcb_stdin, "```python\nprint(6)\n```")  # hard-codes the public answer
     assert public_only.reward == -1.0 and public_only.info["num_passed"] == 1
     assert public_only.info["reason"].startswith("test 1: wrong answer")
     pair = ("```python\nclass Solution:\n    def maxPairSum(self, nums: List[int], k: int) -> "
             "int:\n        a = sorted(nums)\n        return a[-1] + a[-2] + k\n```")
-    assert CODE(lcb_call, pair).reward == 1.0
+    assert reward(lcb_call, pair).reward == 1.0
     adding = "Here:\n```python\na, b = map(int, input().split())\nprint(a + b)\n```"
-    assert CODE(cf, adding).info["num_passed"] == 3
-    missing = CODE(cf, "I would add them.")
+    assert reward(cf, adding).info["num_passed"] == 3
+    missing = reward(cf, "I would add them.")
     assert missing.reward == -1.0 and missing.info["reason"].startswith("no ```python")
 
 
@@ -191,9 +200,9 @@ def test_writing_files_is_denied(tmp_path, how):
 
 
 @pytest.mark.parametrize("how", [
-    "import socket\nsocket.create_connection(('127.0.0.1', 9))",
+    "import socket\nsocket.socket().connect(('127.0.0.1', 9))",
     "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)",
-    "import urllib.request\nurllib.request.urlopen('http://127.0.0.1:9')",
+    "import socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)",
 ])
 def test_network_sockets_are_denied(how):
     result = run(how + "\nprint('ok')")
@@ -220,47 +229,17 @@ def test_signalling_the_parent_is_denied():
     assert not result.passed and "sandbox: os.kill is not allowed" in result.reason
 
 
-LANDLOCK_PROBE = """
-import importlib.util, os, sys
-spec = importlib.util.spec_from_file_location("harness", sys.argv[1])
-harness = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(harness)
-inside, outside = sys.argv[2], sys.argv[3]
-abi = harness.landlock(inside)
-open(os.path.join(inside, "fine.txt"), "w").write("x")
-try:
-    open(outside, "w").write("x")
-    print(f"{abi} escaped")
-except PermissionError:
-    print(f"{abi} denied")
-"""
-
-
-def test_landlock_layer_alone_confines_writes(tmp_path):
-    """The OS layer by itself, without the audit hook (where the kernel offers Landlock)."""
-    inside, outside = tmp_path / "box", tmp_path / "outside.txt"
-    inside.mkdir()
-    out = subprocess.run([sys.executable, "-c", LANDLOCK_PROBE, code.HARNESS, str(inside),
-                          str(outside)], capture_output=True, text=True, check=True).stdout
-    abi, verdict = out.split()
-    assert (inside / "fine.txt").exists()
-    layers = run("print('ok')", [{"input": "", "output": "ok"}]).isolation
-    if int(abi):
-        assert verdict == "denied" and not outside.exists()
-        assert f"landlock_v{abi}" in layers
-    else:  # no Landlock in this kernel: writes are not confined and the sandbox says so
-        assert verdict == "escaped" and not any(x.startswith("landlock") for x in layers)
-
-
 def test_rlimit_nproc_counts_this_users_tasks():
-    """The process budget a non-root sandbox gets is relative to this count of tasks."""
-    spec = importlib.util.spec_from_file_location("harness", code.HARNESS)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
-    ours = len(os.listdir("/proc/self/task"))
-    total = harness.count_user_tasks(os.getuid())
-    assert total >= ours + 1  # our threads plus at least the pytest parent / shell
-    assert harness.count_user_tasks(2**31 - 7) == 0  # a uid with no processes
+    """Outside a user namespace the process budget is relative to this count of tasks."""
+    spec = importlib.util.spec_from_file_location("layers", code.LAYERS_FILE)
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    with subprocess.Popen(["sleep", "30"]) as child:
+        ours = len(os.listdir("/proc/self/task"))
+        total = layers.count_user_tasks(os.getuid())
+        child.kill()
+    assert total >= ours + 1  # our threads plus at least the child
+    assert layers.count_user_tasks(2**31 - 7) == 0  # a uid with no processes
 
 
 def test_sandbox_report_is_json_clean():
