@@ -50,22 +50,39 @@ PATH_EVENTS = ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.symlink", "
                "os.chmod", "os.chown", "os.truncate", "os.utime", "shutil.rmtree", "os.mkfifo",
                "os.mknod")
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-# Imported before the uid drop: a root trainer's interpreter may live where uid 65534 cannot
-# read (e.g. under a 0700 /root); then these are the standard modules a program can import.
-PRELOAD = ("typing", "math", "re", "heapq", "bisect", "itertools", "functools", "collections",
-           "string", "fractions", "decimal", "random", "operator", "copy", "array", "statistics",
+# The preamble's modules are imported once, before the fork of any test. When a root trainer's
+# interpreter lives where uid 65534 cannot read (e.g. under a 0700 /root), PRELOAD too: then
+# these are the only standard modules a program can import.
+PREAMBLE_MODULES = ("typing", "math", "re", "heapq", "bisect", "itertools", "functools",
+                    "collections", "string")
+PRELOAD = ("fractions", "decimal", "random", "operator", "copy", "array", "statistics",
            "datetime", "time", "json", "queue", "enum", "dataclasses", "numbers", "cmath",
-           "struct", "textwrap", "calendar", "unicodedata", "io", "threading", "traceback",
-           "encodings.ascii", "encodings.latin_1",
-           "socket")  # socket: so that the kernel, not a missing file, is what denies it
+           "struct", "textwrap", "calendar", "unicodedata", "encodings.ascii",
+           "encodings.latin_1", "socket")  # socket: the kernel, not a missing file, denies it
 # Layers a config may switch on; "rlimits" and the empty environment are always on.
 TOGGLES = ("pid_namespace", "net_namespace", "unprivileged_uid", "landlock", "seccomp",
            "audit_hook")
 INSIDE_ID = 65534  # the program's uid and gid inside its user namespace
 
 
-def preload():
-    for name in PRELOAD:
+def world_readable(path):
+    """Whether any uid may list `path` (o+rx) and reach it (o+x on every parent)."""
+    mode = os.stat(path).st_mode
+    if mode & 0o005 != 0o005:
+        return False
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if not os.stat(path).st_mode & 0o001:
+            return False
+    return True
+
+
+def preload(drop):
+    """Imports the preamble's modules, and PRELOAD when the uid drop will cut the stdlib off."""
+    names = PREAMBLE_MODULES
+    if drop and not world_readable(os.path.dirname(os.__file__)):
+        names += PRELOAD
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
@@ -251,6 +268,7 @@ def sandbox_main(cfg, box):
     box["L"].die_with_parent(box["alive"])
     os.close(box["alive"])
     box["alive"], _ = os.pipe()  # each test's child dies with J; J keeps the write end
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # pid 1 then ignores it from inside the ns
     confine(cfg, box)
     refused = {k: box["layers"][k] for k in cfg["required"] if box["layers"][k] is not None}
     report = {"layers": box["layers"], "landlock_abi": box["landlock_abi"],
@@ -343,12 +361,12 @@ def main(config_path, alive_fd):
     L = load_layers()
     L.die_with_parent(alive_fd)
     os.close(alive_fd)
-    preload()
     with open(config_path, encoding="utf-8") as f:
         cfg = json.load(f)
     layers = {name: "disabled" for name in TOGGLES + ("user_namespace", "rlimits",
                                                       "stdlib_readable")}
     drop = os.geteuid() == 0 and "unprivileged_uid" in cfg["layers"]
+    preload(drop)
     if drop:  # the sandbox's own directory goes to the unprivileged uid
         for name in os.listdir(".") + ["."]:
             os.chown(name, L.NOBODY, L.NOBODY)

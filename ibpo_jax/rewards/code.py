@@ -319,12 +319,15 @@ def sandbox_report() -> dict:
 
 
 def sandbox_summary(sandbox: str) -> str:
-    """One log line: the mode and the layers active / missing on this host."""
+    """One log line: the mode and the layers active / missing on this host (notes: states that
+    are not layers of their own, e.g. an interpreter uid 65534 cannot read)."""
     report = sandbox_report()
-    missing = ", ".join(f"{k} ({v})" for k, v in report["missing"].items()) or "none"
+    missing = [f"{k} ({v})" for k, v in report["missing"].items() if k in REQUIRED]
+    notes = [f"{k} ({v})" for k, v in report["missing"].items() if k not in REQUIRED]
     return (f"code sandbox (config.reward.sandbox={sandbox_mode(sandbox)!r}, euid "
             f"{report['euid']}, Landlock ABI {report['landlock_abi']}): active "
-            f"{', '.join(report['active'])}; missing {missing}")
+            f"{', '.join(report['active'])}; missing {', '.join(missing) or 'none'}"
+            + (f"; notes: {', '.join(notes)}" if notes else ""))
 
 
 def require_sandbox(sandbox: str) -> str:

@@ -6,6 +6,7 @@ unprivileged user without user namespaces, an old kernel), `sandbox_report()` sa
 test asserts that sandbox="strict" refuses to run code instead. Passes as root and as an
 unprivileged user."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -18,8 +19,10 @@ import time
 
 import pytest
 
+from ibpo_jax import config
 from ibpo_jax.rewards import code, run_tests
 from ibpo_jax.rewards.code import REQUIRED, SandboxUnavailable
+from ibpo_jax.trainer import loop
 
 OK = [{"input": "", "output": "ok"}]
 # Disables the audit hook (its deny-lists and its code), and finds ctypes without importing it.
@@ -338,3 +341,24 @@ def test_a_host_without_namespaces_is_refused_in_strict_mode():
     assert "config.reward.sandbox='strict'" in got["refusal"] and "pid_namespace" in \
         got["refusal"] and "best_effort" in got["refusal"]
     assert got["best_effort"] and "missing pid_namespace" in got["summary"]
+
+
+def test_the_trainer_builds_the_code_reward_with_config_reward_sandbox(capsys):
+    base = config.load("configs/grpo.py")
+    cfg = dataclasses.replace(base, reward=dataclasses.replace(base.reward, num_workers=0,
+                                                               sandbox="best_effort"))
+    pool = loop.reward_pool(cfg, "code")
+    assert dict(pool.reward.options) == {"sandbox": "best_effort"}
+    assert "code sandbox (config.reward.sandbox='best_effort'" in capsys.readouterr().err
+    rewards, _ = pool.score([{"tests": [{"input": "2", "output": "4"}]}],
+                            ["```python\nprint(int(input()) * 2)\n```"])
+    assert rewards.tolist() == [1.0]
+    assert loop.reward_pool(cfg, "math").reward.options == ()  # no sandbox option there
+    strict = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, sandbox="strict"))
+    if code.sandbox_report()["strict_ok"]:
+        assert dict(loop.reward_pool(strict, "code").reward.options) == {"sandbox": "strict"}
+    else:
+        with pytest.raises(SandboxUnavailable, match="config.reward.sandbox"):
+            loop.reward_pool(strict, "code")
+    with pytest.raises(config.ConfigError, match="config.reward.sandbox"):
+        config.load("configs/grpo.py", [("reward.sandbox", "lenient")])
