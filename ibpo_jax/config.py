@@ -1,12 +1,17 @@
-"""Typed, frozen run configuration: the one place a ConfigDict becomes dataclasses.
+"""Typed, frozen run configuration: one dataclass per config section, the single schema.
 
-``load(spec, overrides)`` reads ``configs/<file>.py[:preset]`` (its ``get_config(arg)``),
-applies ``--config.a.b=value`` overrides, and returns a frozen :class:`RunConfig`. Every key
-is checked here: an unknown key, a value of the wrong type, or an unknown registry name stops
-start-up with one message naming the key (and listing the valid choices). Code below the
+Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
+checks (`__post_init__`, in `config_sections.py`), so a new knob is one field in its section
+plus its use. `configs/base.py` builds
+its ConfigDict from ``RunConfig()``'s defaults; ``load(spec, overrides)`` reads
+``configs/<file>.py[:preset]`` (its ``get_config(arg)``), applies ``--config.a.b=value``
+overrides and returns a frozen :class:`RunConfig`. An unknown key, a value of the wrong type,
+a non-finite float, a value outside its range or an unknown registry name stops start-up with
+one message naming the full key (``config.optim.lr=inf: must be finite``). Code below the
 trainer receives these dataclasses: importing this module does not import ml_collections (only
 reading a config file does).
 """
+
 
 from __future__ import annotations
 
@@ -14,195 +19,108 @@ import dataclasses
 import importlib.util
 import json
 import sys
-import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ibpo_jax import registry
+from ibpo_jax.config_sections import (
+    MIN_TEMPERATURE,
+    AdvantageConfig,
+    ArithTaskConfig,
+    CancellationConfig,
+    ConfigError,
+    DiagnosticsConfig,
+    EvalConfig,
+    IbpoConfig,
+    LossConfig,
+    MeshConfig,
+    ModelConfig,
+    OptimConfig,
+    RewardConfig,
+    RolloutConfig,
+    TaskConfig,
+    TinyModelConfig,
+    TokenizerConfig,
+    TrainLoopConfig,
+    WarmStartConfig,
+    _hints,
+    _Section,
+)
 
 if TYPE_CHECKING:
     import ml_collections
 
-
-class ConfigError(ValueError):
-    """A config file, key or value is wrong; the message names it."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ArithTaskConfig:
-    num_steps: int
-    digits: int
-    ops: str
+__all__ = [
+    "MIN_TEMPERATURE", "AdvantageConfig", "ArithTaskConfig", "CancellationConfig", "ConfigError",
+    "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LossConfig", "MeshConfig", "ModelConfig",
+    "OptimConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TaskConfig", "TinyModelConfig",
+    "TokenizerConfig", "TrainLoopConfig", "WarmStartConfig", "from_config_dict", "from_dict",
+    "load", "load_config_dict", "parse_overrides",
+]
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig:
-    name: str
-    path: str
-    data_dir: str
-    train_split: str
-    eval_split: str
-    test_split: str
-    eval_name: str
-    eval_path: str
-    thinking: bool
-    arith: ArithTaskConfig
+class RunConfig(_Section):
+    algo: str = "ibpo_gspo"
+    """The algorithm (configs/<algo>.py)."""
+    preset: str = ""
+    """The preset the config file applied ("" = these defaults)."""
+    seed: int = 0
+    """Seeds the data order, the sampler and random initialization."""
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+    """What to train and evaluate on."""
+    tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+    """Which tokenizer."""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy's architecture, dtypes and memory settings."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """How responses are sampled for training."""
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    """How responses are scored."""
+    ibpo: IbpoConfig = dataclasses.field(default_factory=IbpoConfig)
+    """The comparison operator φ and its weight λ (paper §3.2-3.3)."""
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    """Group normalization and GAE (DESIGN §3)."""
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    """The policy objective (DESIGN §4)."""
+    cancellation: CancellationConfig = dataclasses.field(default_factory=CancellationConfig)
+    """Token gradient cancellation transforms (DESIGN §5)."""
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    """The optimizer and how a rollout batch is split into updates."""
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
+    """The device mesh."""
+    train: TrainLoopConfig = dataclasses.field(default_factory=TrainLoopConfig)
+    """Loop length, evaluation and checkpoints."""
+    eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
+    """Held-out evaluation (avg@k)."""
+    warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+    """The supervised warm start of the embedded task."""
+    diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
+    """Extra, costlier diagnostics."""
 
+    def check(self):
+        """Checks that span sections."""
+        if self.rollout.group_size < 2 and self.ibpo.operator != "terminal":
+            raise ConfigError(f"config.rollout.group_size={self.rollout.group_size}: must be "
+                              ">= 2 for a comparison operator")
+        # Whole groups per micro-batch ("grouped" and "rows" layouts; cancellation transforms
+        # need them); packed rows split the same way.
+        chunks = self.optim.minibatches * self.optim.microbatches
+        if self.rollout.prompts_per_step % chunks:
+            raise ConfigError(
+                f"config.optim.minibatches x config.optim.microbatches = {chunks} must divide "
+                f"config.rollout.prompts_per_step = {self.rollout.prompts_per_step} "
+                "(whole groups)")
+        if self.loss.name == "ppo" and self.ibpo.credit == "token":
+            raise ConfigError("config.ibpo.credit='token' is for group estimators, not "
+                              "config.loss.name='ppo'")
 
-@dataclasses.dataclass(frozen=True)
-class TokenizerConfig:
-    path: str
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyModelConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    preset: str
-    checkpoint: str
-    dtype: str
-    param_dtype: str
-    remat: str
-    scan_layers: bool
-    logits_chunk: int
-    tiny: TinyModelConfig
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    prompts_per_step: int
-    group_size: int
-    max_prompt_len: int
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-
-
-@dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    name: str
-    num_workers: int
-    timeout_s: float
-    correct: float
-    wrong: float
-
-
-@dataclasses.dataclass(frozen=True)
-class IbpoConfig:
-    operator: str
-    granularity: str
-    max_units: int
-    lam: float
-    credit: str
-
-
-@dataclasses.dataclass(frozen=True)
-class AdvantageConfig:
-    normalize_std: bool
-    eps: float
-    ddof: int
-    gamma: float
-    gae_lambda: float
-
-
-@dataclasses.dataclass(frozen=True)
-class LossConfig:
-    name: str
-    aggregation: str
-    clip_eps_low: float
-    clip_eps_high: float
-    beta: float
-    kl_estimator: str
-    norm_const: float
-    value_coef: float
-    value_clip: float
-
-
-@dataclasses.dataclass(frozen=True)
-class CancellationConfig:
-    transform: str
-    log_drift: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimConfig:
-    lr: float
-    schedule: str
-    warmup_steps: int
-    weight_decay: float
-    b1: float
-    b2: float
-    grad_clip: float
-    epochs: int
-    minibatches: int
-    microbatches: int
-    layout: str
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-    data: int
-    fsdp: int
-    tensor: int
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainLoopConfig:
-    steps: int
-    eval_every: int
-    checkpoint_every: int
-    keep_checkpoints: int
-    distributed: bool
-    progress: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalConfig:
-    num_prompts: int
-    samples: int
-    temperature: float
-    top_p: float
-    max_new_tokens: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WarmStartConfig:
-    enabled: bool
-    steps: int
-    batch_size: int
-    lr: float
-    warmup_steps: int
-    cache_dir: str
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    algo: str
-    preset: str
-    seed: int
-    task: TaskConfig
-    tokenizer: TokenizerConfig
-    model: ModelConfig
-    rollout: RolloutConfig
-    reward: RewardConfig
-    ibpo: IbpoConfig
-    advantage: AdvantageConfig
-    loss: LossConfig
-    cancellation: CancellationConfig
-    optim: OptimConfig
-    mesh: MeshConfig
-    train: TrainLoopConfig
-    eval: EvalConfig
-    warm_start: WarmStartConfig
+    @property
+    def update_layout(self) -> str:
+        """optim.layout, except that a cancellation transform, which needs the rows of a group
+        together in one micro-batch, turns "packed" into "rows"."""
+        if self.optim.layout == "packed" and self.cancellation.transform != "none":
+            return "rows"
+        return self.optim.layout
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -281,8 +199,6 @@ def _parse_like(old: Any, raw: str, key: str) -> Any:
             return int(raw)
         if isinstance(old, float):
             return float(raw)
-        if isinstance(old, tuple):
-            return tuple(type(old[0])(v) if old else v for v in raw.split(",") if v)
         return raw
     except ValueError as e:
         raise ConfigError(
@@ -290,142 +206,29 @@ def _parse_like(old: Any, raw: str, key: str) -> Any:
         ) from None
 
 
-# ---------------------------------------------------------------------------------------------
-# ConfigDict -> frozen dataclasses, with type checks.
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"config.{key}={value!r}: expected true/false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"config.{key}={value!r}: expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"config.{key}={value!r}: expected a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"config.{key}={value!r}: expected a string")
-        return value
-    raise TypeError(f"unsupported config field type {tp} at {key}")  # a bug here, not in input
-
-
 def _build(cls: type, node: Any, prefix: str) -> Any:
+    """The section `cls` from a ConfigDict / dict; keys it lacks keep their defaults (a
+    checkpoint written before a knob existed still loads)."""
     if not hasattr(node, "keys"):  # a ConfigDict or a dict
         raise ConfigError(f"config.{prefix} must be a section, got {node!r}")
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    present = set(node.keys())
-    unknown = sorted(present - set(fields))
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(node.keys()) - set(fields))
     if unknown:
         raise ConfigError(
             f"unknown config key(s) {', '.join(f'{prefix}.{k}'.lstrip('.') for k in unknown)}; "
             f"valid: {', '.join(fields)}"
         )
-    missing = [f for f in fields if f not in present]
-    if missing:
-        raise ConfigError(f"config section {prefix or '<top>'} lacks key(s): {', '.join(missing)}")
-    kwargs = {
-        name: _coerce(node[name], hints[name], f"{prefix}.{name}".lstrip("."))
-        for name in fields
-    }
+    kwargs = {}
+    for name in node.keys():
+        tp = _hints(cls)[name]
+        key = f"{prefix}.{name}".lstrip(".")
+        kwargs[name] = _build(tp, node[name], key) if dataclasses.is_dataclass(tp) else node[name]
     return cls(**kwargs)
 
 
-_DTYPES = ("float32", "bfloat16", "float16")
-_CHOICES = {
-    "model.dtype": _DTYPES,
-    "model.param_dtype": _DTYPES,
-    "model.remat": ("none", "dots", "full"),  # models.REMAT_POLICIES
-    "ibpo.granularity": ("step", "token"),
-    "ibpo.credit": ("sequence", "token"),
-    "optim.schedule": ("constant", "cosine"),
-    "optim.layout": ("grouped", "packed", "rows"),  # trainer/step.py
-}
-
-
-def _validate(c: RunConfig) -> None:
-    flat = _flatten(c.to_dict())
-    for key, choices in _CHOICES.items():
-        if flat[key] not in choices:
-            raise ConfigError(f"config.{key}={flat[key]!r}; valid: {', '.join(choices)}")
-    from ibpo_jax.models import QWEN3_PRESETS
-
-    presets = ("tiny", "hf", *QWEN3_PRESETS)
-    if c.model.preset not in presets:
-        raise ConfigError(f"config.model.preset={c.model.preset!r}; valid: {', '.join(presets)}")
-    if c.model.preset == "hf" and not c.model.checkpoint:
-        raise ConfigError("config.model.preset='hf' reads the architecture from "
-                          "config.model.checkpoint's config.json: set config.model.checkpoint")
-    registry.OPERATORS.check(c.ibpo.operator, key="config.ibpo.operator")
-    registry.LOSSES.check(c.loss.name, key="config.loss.name")
-    registry.AGGREGATIONS.check(c.loss.aggregation, key="config.loss.aggregation")
-    registry.KL_ESTIMATORS.check(c.loss.kl_estimator, key="config.loss.kl_estimator")
-    registry.TRANSFORMS.check(c.cancellation.transform, key="config.cancellation.transform")
-    registry.TASKS.check(c.task.name, key="config.task.name")
-    if c.task.eval_name:
-        registry.TASKS.check(c.task.eval_name, key="config.task.eval_name")
-    if c.reward.name:
-        registry.REWARDS.check(c.reward.name, key="config.reward.name")
-    positive = [
-        "rollout.prompts_per_step", "rollout.group_size", "rollout.max_prompt_len",
-        "rollout.max_new_tokens", "ibpo.max_units", "optim.epochs", "optim.minibatches",
-        "optim.microbatches", "train.steps", "train.eval_every",
-        "train.checkpoint_every", "train.keep_checkpoints", "eval.num_prompts", "eval.samples",
-        "warm_start.steps", "warm_start.batch_size", "task.arith.num_steps", "task.arith.digits",
-    ]
-    for key in positive:
-        if flat[key] <= 0:
-            raise ConfigError(f"config.{key}={flat[key]} must be > 0")
-    nonneg = ["ibpo.lam", "loss.beta", "loss.clip_eps_low", "loss.clip_eps_high",
-              "optim.lr", "optim.warmup_steps", "optim.grad_clip", "optim.weight_decay",
-              "advantage.eps", "rollout.temperature", "eval.temperature", "rollout.top_k",
-              "loss.norm_const", "reward.num_workers", "advantage.ddof", "model.logits_chunk"]
-    for key in nonneg:
-        if flat[key] < 0:
-            raise ConfigError(f"config.{key}={flat[key]} must be >= 0")
-    for key in ("rollout.top_p", "eval.top_p"):
-        if not 0.0 < flat[key] <= 1.0:
-            raise ConfigError(f"config.{key}={flat[key]} must be in (0, 1]")
-    if c.warm_start.warmup_steps >= c.warm_start.steps:
-        raise ConfigError(f"config.warm_start.warmup_steps={c.warm_start.warmup_steps} must be < "
-                          f"config.warm_start.steps={c.warm_start.steps}")
-    if c.rollout.group_size < 2 and c.ibpo.operator != "terminal":
-        raise ConfigError("config.rollout.group_size must be >= 2 for a comparison operator")
-    # Whole groups per micro-batch ("grouped" and "rows" layouts; cancellation transforms
-    # need them); packed rows split the same way.
-    if c.rollout.prompts_per_step % (c.optim.minibatches * c.optim.microbatches):
-        raise ConfigError(
-            f"config.optim.minibatches x config.optim.microbatches = "
-            f"{c.optim.minibatches * c.optim.microbatches} must divide "
-            f"config.rollout.prompts_per_step = {c.rollout.prompts_per_step} (whole groups)"
-        )
-    if c.loss.name == "ppo" and c.ibpo.credit == "token":
-        raise ConfigError("config.ibpo.credit='token' is for group estimators, not loss.name='ppo'")
-
-
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}.{k}".lstrip(".")
-        if isinstance(v, dict):
-            out.update(_flatten(v, key))
-        else:
-            out[key] = v
-    return out
-
-
 def from_config_dict(cfg: ml_collections.ConfigDict | dict) -> RunConfig:
-    """Builds and validates the frozen RunConfig."""
-    run = _build(RunConfig, cfg, "")
-    _validate(run)
-    return run
+    """Builds the frozen RunConfig; every section checks itself as it is built."""
+    return _build(RunConfig, cfg, "")
 
 
 def from_dict(d: dict[str, Any]) -> RunConfig:
@@ -439,8 +242,6 @@ def load(spec: str, overrides: list[tuple[str, str]] = ()) -> RunConfig:
     for key, raw in overrides:
         apply_override(cfg, key, raw)
     return from_config_dict(cfg)
-
-
 
 
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:

@@ -1,5 +1,6 @@
 """Config loading: presets, overrides, and one clear error per bad key or value."""
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -46,13 +47,37 @@ def test_overrides_are_typed():
         ([("optim.lrr", "1")], r"config.optim.lrr.*valid keys here:.*\blr\b"),
         ([("optimizer.lr", "1")], r"no section 'optimizer'.*valid:.*optim"),
         ([("train.steps", "many")], r"config.train.steps='many': expected int"),
-        ([("train.steps", "0")], r"config.train.steps=0 must be > 0"),
+        ([("train.steps", "0")], r"config.train.steps=0: must be > 0"),
         ([("loss.name", "gpso")], r"unknown policy loss 'gpso' \(config key config.loss.name\)"
                                   r"; valid: .*gspo"),
         ([("ibpo.operator", "lcs2")], r"unknown comparison operator 'lcs2'.*lcs_first_error"),
-        ([("ibpo.granularity", "word")], r"config.ibpo.granularity='word'; valid: step, token"),
+        ([("ibpo.granularity", "word")], r"config.ibpo.granularity='word': valid: step, token"),
         ([("optim.microbatches", "3")], r"must divide"),
-        ([("rollout.top_p", "1.5")], r"config.rollout.top_p=1.5 must be in \(0, 1\]"),
+        ([("rollout.top_p", "1.5")], r"config.rollout.top_p=1.5: must be in \(0, 1\]"),
+        # Non-finite floats, named by their full key.
+        ([("optim.lr", "inf")], r"config.optim.lr=inf: must be finite"),
+        ([("ibpo.lam", "nan")], r"config.ibpo.lam=nan: must be finite"),
+        ([("loss.beta", "-inf")], r"config.loss.beta=-inf: must be finite"),
+        ([("optim.lr", "-1e-4")], r"config.optim.lr=-0.0001: must be >= 0"),
+        ([("optim.b1", "1.0")], r"config.optim.b1=1.0: must be in \[0, 1\)"),
+        ([("optim.b2", "-0.1")], r"config.optim.b2=-0.1: must be in \[0, 1\)"),
+        ([("rollout.temperature", "1e-4")], r"config.rollout.temperature=0.0001: must be 0 "
+                                            r"\(greedy\) or >= 0.001"),
+        ([("eval.temperature", "-1")], r"config.eval.temperature=-1.0: must be 0"),
+        ([("reward.wrong", "1.0")], r"config.reward.wrong=1.0: must be < config.reward.correct"),
+        ([("reward.sandbox", "loose")], r"config.reward.sandbox='loose': valid: strict, "
+                                        r"best_effort"),
+        ([("ibpo.alignment", "dtw")], r"config.ibpo.alignment='dtw': valid: lcs, prefix"),
+        ([("ibpo.reduce", "min")], r"config.ibpo.reduce='min': valid: max, mean"),
+        ([("diagnostics.grad_var_every", "-1")], r"config.diagnostics.grad_var_every=-1: "
+                                                 r"must be >= 0"),
+        ([("train.allow_config_change", "maybe")], r"config.train.allow_config_change='maybe'"
+                                                   r": expected bool"),
+        ([("advantage.gae_lambda", "1.5")], r"config.advantage.gae_lambda=1.5: must be in"),
+        ([("mesh.data", "0")], r"config.mesh.data=0: must be -1 or > 0"),
+        ([("model.tiny.num_hidden_layers", "0")], r"config.model.tiny: .*num_hidden_layers"),
+        ([("warm_start.warmup_steps", "900")], r"config.warm_start.warmup_steps=900: must be < "
+                                               r"config.warm_start.steps=800"),
     ],
 )
 def test_bad_keys_and_values_name_the_key(overrides, match):
@@ -74,9 +99,71 @@ def test_bad_files_and_presets(tmp_path):
 def test_round_trip_through_dict():
     c = config.load("configs/ibpo_ppo.py:smoke")
     assert config.from_dict(c.to_dict()) == c
+    # A checkpoint written before a knob existed still loads, with the knob's default.
+    old = c.to_dict()
+    del old["diagnostics"], old["reward"]["sandbox"]
+    assert config.from_dict(old) == c
+
+
+def test_defaults_live_in_the_dataclasses():
+    """The ConfigDict of configs/base.py is generated from RunConfig()'s defaults: every key
+    has a dataclass field and a default, and the sections
+    check themselves when built directly (no ConfigDict)."""
+    from configs import base
+
+    d = base.make("ibpo_gspo", "smoke").to_dict()
+    assert set(d) == {f.name for f in dataclasses.fields(config.RunConfig)}
+    assert config.RunConfig().loss == config.LossConfig()
+    assert d["reward"]["sandbox"] == "strict" and d["ibpo"]["alignment"] == "lcs"
+    assert d["ibpo"]["reduce"] == "max" and d["diagnostics"]["grad_var_every"] == 0
+    assert d["train"]["allow_config_change"] is False
+    with pytest.raises(config.ConfigError, match=r"config.optim.b2=1.0: must be in \[0, 1\)"):
+        config.OptimConfig(b2=1.0)
+    with pytest.raises(config.ConfigError, match=r"config.loss.clip_eps_high=nan: must be"):
+        config.LossConfig(clip_eps_high=float("nan"))
+    with pytest.raises(config.ConfigError, match=r"config.rollout.top_k=1.5: expected int"):
+        config.RolloutConfig(top_k=1.5)
+    assert config.EvalConfig(temperature=0).temperature == 0.0  # greedy, widened to float
+
+
+def test_tiny_model_reuses_qwen3_config_fields():
+    from ibpo_jax import models
+    from ibpo_jax.trainer import policy
+
+    c = config.load("configs/ibpo_gspo.py:smoke")
+    arch = policy.architecture(c, vocab_size=40)
+    assert isinstance(arch, models.Qwen3Config)
+    assert (arch.hidden_size, arch.num_hidden_layers, arch.head_dim) == (64, 2, 16)
+    assert arch.rope_theta == 10_000.0 and arch.tie_word_embeddings and arch.vocab_size == 40
+    assert arch.max_position_embeddings == 4 * (64 + 40)
+    tiny = {f.name for f in dataclasses.fields(config.TinyModelConfig)}
+    assert tiny == {f.name for f in dataclasses.fields(models.Qwen3Config)} - {
+        "vocab_size", "max_position_embeddings"}
 
 
 def test_modules_below_the_trainer_do_not_import_ml_collections():
     code = ("import sys; import ibpo_jax.trainer.loop, ibpo_jax.trainer.step, ibpo_jax.config; "
             "assert 'ml_collections' not in sys.modules, 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_every_config_field_has_a_docstring():
+    """One schema: each field of each section carries its documentation (an attribute
+    docstring right after it), so `--config.x` is explained where it is defined."""
+    import ast
+    import inspect
+
+    from ibpo_jax import config_sections
+
+    missing = []
+    for module in (config_sections, config):
+        for node in ast.parse(inspect.getsource(module)).body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for field, after in zip(node.body, [*node.body[1:], None]):
+                documented = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                is_field = isinstance(field, ast.AnnAssign) and "ClassVar" not in ast.unparse(
+                    field.annotation)
+                if is_field and not documented:
+                    missing.append(f"{node.name}.{field.target.id}")
+    assert not missing, missing

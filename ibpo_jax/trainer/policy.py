@@ -8,6 +8,7 @@ RL seed or algorithm) reuse it. RL then starts from a policy with non-trivial ac
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -36,19 +37,9 @@ def architecture(cfg: RunConfig, vocab_size: int) -> models.Qwen3Config:
     """The architecture to initialize when no checkpoint is given."""
     if cfg.model.preset != "tiny":
         return models.QWEN3_PRESETS[cfg.model.preset]
-    t = cfg.model.tiny
     return models.Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=t.hidden_size,
-        intermediate_size=t.intermediate_size,
-        num_hidden_layers=t.num_hidden_layers,
-        num_attention_heads=t.num_attention_heads,
-        num_key_value_heads=t.num_key_value_heads,
-        head_dim=t.head_dim,
-        rope_theta=10_000.0,
-        max_position_embeddings=4 * (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens),
-        tie_word_embeddings=True,
-    )
+        **dataclasses.asdict(cfg.model.tiny), vocab_size=vocab_size,
+        max_position_embeddings=4 * (cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens))
 
 
 def data_dir(cfg: RunConfig) -> Path:

@@ -1,0 +1,485 @@
+"""The config sections: one frozen dataclass per section, each with its defaults, a docstring
+per field and its own checks (`__post_init__`). `ibpo_jax.config` assembles them into
+`RunConfig` and loads config files; import the sections from there.
+
+Errors name the full key: ``config.optim.lr=inf: must be finite``. Importing this module does
+not import ml_collections.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import typing
+from typing import Any, ClassVar
+
+from ibpo_jax import registry
+from ibpo_jax.models import config as model_config
+
+MIN_TEMPERATURE = 1e-3  # sampling temperatures are 0 (greedy) or at least this
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is wrong; the message names it."""
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _typed(value: Any, tp: Any, key: str) -> Any:
+    """`value` checked against the field type `tp` (ints widen to float; floats are finite)."""
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, tp):
+            raise ConfigError(f"config.{key} must be a section ({tp.__name__}), got {value!r}")
+        return value
+    if tp is bool:
+        ok = isinstance(value, bool)
+    elif tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            raise ConfigError(f"config.{key}={value!r}: must be finite")
+        value = float(value) if ok else value
+    elif tp is str:
+        ok = isinstance(value, str)
+    else:
+        raise TypeError(f"unsupported config field type {tp} at {key}")  # a bug here
+    if not ok:
+        raise ConfigError(f"config.{key}={value!r}: expected {tp.__name__}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class _Section:
+    """Base of the sections: field type checks, then the section's own `check`."""
+
+    KEY: ClassVar[str] = ""  # the section's path under `config.`
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            value = _typed(getattr(self, f.name), _hints(type(self))[f.name], self._key(f.name))
+            object.__setattr__(self, f.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Range and choice checks of this section (override)."""
+
+    def _key(self, name: str) -> str:
+        return f"{self.KEY}.{name}".lstrip(".")
+
+    def _require(self, name: str, ok: bool, problem: str) -> None:
+        if not ok:
+            raise ConfigError(f"config.{self._key(name)}={getattr(self, name)!r}: {problem}")
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            self._require(name, getattr(self, name) > 0, "must be > 0")
+
+    def _nonneg(self, *names: str) -> None:
+        for name in names:
+            self._require(name, getattr(self, name) >= 0, "must be >= 0")
+
+    def _one_of(self, name: str, choices: tuple[str, ...]) -> None:
+        self._require(name, getattr(self, name) in choices, f"valid: {', '.join(choices)}")
+
+    def _registered(self, name: str, reg: registry.Registry) -> None:
+        reg.check(getattr(self, name), key=f"config.{self._key(name)}")
+
+    def _temperature(self, name: str) -> None:
+        t = getattr(self, name)
+        self._require(name, t == 0 or t >= MIN_TEMPERATURE,
+                      f"must be 0 (greedy) or >= {MIN_TEMPERATURE}")
+
+    def _unit(self, name: str, *, open_high: bool = False) -> None:
+        x = getattr(self, name)
+        ok = 0 <= x < 1 if open_high else 0 <= x <= 1
+        self._require(name, ok, "must be in [0, 1)" if open_high else "must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithTaskConfig(_Section):
+    KEY = "task.arith"
+    num_steps: int = 3
+    """Operations per problem of the embedded `arith` task."""
+    digits: int = 1
+    """Digits of the start number and of the + / - operands."""
+    ops: str = "+-*"
+    """Operators to draw from: distinct characters of '+-*/'."""
+
+    def check(self):
+        self._positive("num_steps", "digits")
+        self._require("ops", bool(self.ops) and not set(self.ops) - set("+-*/")
+                      and len(set(self.ops)) == len(self.ops), "distinct characters of '+-*/'")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig(_Section):
+    KEY = "task"
+    name: str = "arith"
+    """A registry.TASKS name."""
+    path: str = ""
+    """Local file or directory of file-backed tasks (math_jsonl, math500, ...)."""
+    data_dir: str = ""
+    """Where built datasets live ("" = $IBPO_DATA_DIR or ~/.cache/ibpo_jax)."""
+    train_split: str = "train"
+    """Split of the training task that RL samples prompts from."""
+    eval_split: str = "validation"
+    """Split evaluated during training (if the evaluation task has it)."""
+    test_split: str = "test"
+    """Split `ibpo_jax.evaluate` scores by default."""
+    eval_name: str = ""
+    """Evaluate on another task (e.g. "math500"); "" = the training task."""
+    eval_path: str = ""
+    """The evaluation task's files (file-backed tasks)."""
+    thinking: bool = False
+    """Qwen3 chat template's thinking switch (HF tokenizers only)."""
+    arith: ArithTaskConfig = dataclasses.field(default_factory=ArithTaskConfig)
+    """The embedded `arith` task's generator settings."""
+
+    def check(self):
+        self._registered("name", registry.TASKS)
+        if self.eval_name:
+            self._registered("eval_name", registry.TASKS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig(_Section):
+    KEY = "tokenizer"
+    path: str = ""
+    """"" = the task's own (char tokenizer for arith) or the model checkpoint's."""
+
+
+# The tiny model's section: `models.Qwen3Config`'s fields less the two the run sets
+# (vocab_size from the tokenizer, max_position_embeddings from the rollout lengths).
+_RUN_SET = ("vocab_size", "max_position_embeddings")
+_TINY = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, rope_theta=10_000.0, tie_word_embeddings=True)
+
+
+def _check_tiny(self) -> None:
+    """models.Qwen3Config's own checks (heads, head_dim, ...), named as config keys."""
+    try:
+        model_config.Qwen3Config(vocab_size=1, max_position_embeddings=1,
+                                 **dataclasses.asdict(self))
+    except model_config.ConfigError as e:
+        raise ConfigError(f"config.model.tiny: {e}") from None
+
+
+TinyModelConfig = dataclasses.make_dataclass(
+    "TinyModelConfig",
+    [(f.name, f.type, dataclasses.field(default=_TINY.get(f.name, f.default)))
+     for f in dataclasses.fields(model_config.Qwen3Config) if f.name not in _RUN_SET],
+    bases=(_Section,), frozen=True,
+    namespace={"KEY": "model.tiny", "__module__": __name__, "check": _check_tiny,
+               "__doc__": "models.Qwen3Config of preset 'tiny' (less the fields the run sets)"})
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(_Section):
+    KEY = "model"
+    preset: str = "tiny"
+    """"tiny" (model.tiny), "hf" (the checkpoint's config.json) or a models.QWEN3_PRESETS name,
+    e.g. "qwen3-32b" (checked against the checkpoint)."""
+    checkpoint: str = ""
+    """Local HF directory of the base policy; "" = random init or warm start."""
+    dtype: str = "float32"
+    """Compute dtype: float32, bfloat16 or float16."""
+    param_dtype: str = "float32"
+    """Dtype the parameters are stored and updated in."""
+    remat: str = "none"
+    """Layer rematerialization: "none", "dots" (keep matmul outputs) or "full"."""
+    scan_layers: bool = False
+    """Run the decoder layers under `jax.lax.scan` (faster compiles)."""
+    logits_chunk: int = 0
+    """> 0: log-probs over chunks of this many positions, so the [rows, T, vocab] float32
+    logits never exist whole (large vocabularies); 0 = in one go."""
+    tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
+    """The architecture of preset "tiny" (models.Qwen3Config fields)."""
+
+    def check(self):
+        presets = ("tiny", "hf", *model_config.QWEN3_PRESETS)
+        self._one_of("preset", presets)
+        self._require("checkpoint", self.preset != "hf" or bool(self.checkpoint),
+                      "config.model.preset='hf' reads the architecture from the checkpoint's "
+                      "config.json: set config.model.checkpoint")
+        for name in ("dtype", "param_dtype"):
+            self._one_of(name, ("float32", "bfloat16", "float16"))
+        self._one_of("remat", ("none", "dots", "full"))  # models.REMAT_POLICIES
+        self._nonneg("logits_chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(_Section):
+    KEY = "rollout"
+    prompts_per_step: int = 16
+    """Prompts per RL step (B); the step samples B x G responses."""
+    group_size: int = 8
+    """G, responses per prompt."""
+    max_prompt_len: int = 64
+    """Prompts are left-truncated to this many tokens."""
+    max_new_tokens: int = 64
+    """Response length limit (responses cut here count as truncated)."""
+    temperature: float = 1.0
+    """0 = greedy, else >= MIN_TEMPERATURE."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]; 1 = off."""
+    top_k: int = 0
+    """0 = off."""
+
+    def check(self):
+        self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens")
+        self._temperature("temperature")
+        self._require("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+        self._nonneg("top_k")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig(_Section):
+    KEY = "reward"
+    name: str = ""
+    """A registry.REWARDS name; "" = the task's reward."""
+    num_workers: int = 0
+    """Host processes scoring in parallel; 0 = in-process."""
+    timeout_s: float = 10.0
+    """Per-response scoring time limit."""
+    correct: float = 1.0
+    """R_i of a correct response (DESIGN §1)."""
+    wrong: float = -1.0
+    """R_i of a wrong one; must be < correct."""
+    sandbox: str = "strict"
+    """Isolation of the scoring workers: "strict" or "best_effort"."""
+
+    def check(self):
+        if self.name:
+            self._registered("name", registry.REWARDS)
+        self._nonneg("num_workers")
+        self._positive("timeout_s")
+        self._require("wrong", self.wrong < self.correct,
+                      f"must be < config.reward.correct={self.correct!r}")
+        self._one_of("sandbox", ("strict", "best_effort"))
+
+
+@dataclasses.dataclass(frozen=True)
+class IbpoConfig(_Section):
+    KEY = "ibpo"
+    operator: str = "lcs_first_error"
+    """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0)."""
+    granularity: str = "step"
+    """Comparison units: "step" (hashed lines) or "token"."""
+    max_units: int = 64
+    """Comparison units kept per response (longer ones are cut)."""
+    lam: float = 0.5
+    """λ of eq. 5: r̃ = R + λφ."""
+    credit: str = "sequence"
+    """"sequence" (A_i) or "token" (A_it with Δ, DESIGN §3)."""
+    alignment: str = "lcs"
+    """How a wrong response is aligned to the correct ones: "lcs" or "prefix"."""
+    reduce: str = "max"
+    """How the scores against the group's correct responses combine: "max" or "mean"."""
+
+    def check(self):
+        self._registered("operator", registry.OPERATORS)
+        self._one_of("granularity", ("step", "token"))
+        self._positive("max_units")
+        self._nonneg("lam")
+        self._one_of("credit", ("sequence", "token"))
+        self._one_of("alignment", ("lcs", "prefix"))
+        self._one_of("reduce", ("max", "mean"))
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageConfig(_Section):
+    KEY = "advantage"
+    normalize_std: bool = True
+    """Divide by the group std (False = Dr. GRPO); PPO: whiten over the batch."""
+    eps: float = 1e-6
+    """Added to the std before dividing (degenerate groups never NaN)."""
+    ddof: int = 0
+    """Delta degrees of freedom of the group std (0 = population)."""
+    gamma: float = 1.0
+    """PPO / GAE discount."""
+    gae_lambda: float = 0.95
+    """PPO / GAE λ, in [0, 1]."""
+
+    def check(self):
+        self._nonneg("eps", "ddof")
+        self._unit("gamma")
+        self._unit("gae_lambda")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig(_Section):
+    """The policy loss and its hyperparameters: also the `losses.LossSpec` every loss takes."""
+
+    KEY = "loss"
+    name: str = "gspo"
+    """registry.LOSSES name."""
+    aggregation: str = "seq_mean_token_mean"
+    """registry.AGGREGATIONS name (DESIGN §4)."""
+    clip_eps_low: float = 3e-4
+    """Clip range [1 - clip_eps_low, 1 + clip_eps_high]: GSPO's 3e-4 / 4e-4, GRPO / PPO 0.2."""
+    clip_eps_high: float = 4e-4
+    """Upper clip ε (clip-higher when > clip_eps_low)."""
+    beta: float = 0.01
+    """KL coefficient (paper §4.1)."""
+    kl_estimator: str = "k3"
+    """registry.KL_ESTIMATORS name."""
+    norm_const: float = 0.0
+    """seq_mean_token_sum_norm's constant; 0 = rollout.max_new_tokens."""
+    value_coef: float = 0.5
+    """PPO only: weight of the value loss."""
+    value_clip: float = 0.2
+    """PPO only: ε_v of the clipped value loss (reward units)."""
+
+    def check(self):
+        self._registered("name", registry.LOSSES)
+        self._registered("aggregation", registry.AGGREGATIONS)
+        self._registered("kl_estimator", registry.KL_ESTIMATORS)
+        self._unit("clip_eps_low")
+        self._nonneg("clip_eps_high", "beta", "norm_const", "value_coef", "value_clip")
+
+
+@dataclasses.dataclass(frozen=True)
+class CancellationConfig(_Section):
+    KEY = "cancellation"
+    transform: str = "none"
+    """registry.TRANSFORMS name (DESIGN §5)."""
+    log_drift: bool = False
+    """Log the shared-prefix log-prob drift across each step's updates (DESIGN §5): one more
+    forward pass per step, with the updated policy."""
+
+    def check(self):
+        self._registered("transform", registry.TRANSFORMS)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig(_Section):
+    KEY = "optim"
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    schedule: str = "constant"
+    """"constant" or "cosine" (after warm-up)."""
+    warmup_steps: int = 0
+    """Linear warm-up, in optimizer updates."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
+    b1: float = 0.9
+    """Adam's first-moment decay, in [0, 1)."""
+    b2: float = 0.999
+    """Adam's second-moment decay, in [0, 1)."""
+    grad_clip: float = 1.0
+    """Global-norm clip; 0 = off."""
+    epochs: int = 1
+    """Passes over each rollout batch (PPO epochs)."""
+    minibatches: int = 1
+    """Optimizer updates per epoch."""
+    microbatches: int = 1
+    """Gradient-accumulation chunks per minibatch."""
+    layout: str = "grouped"
+    """How the update's model passes see the rollout (same log-probs in each): "grouped",
+    each prompt encoded once for its G responses; "packed", rollout rows packed several to a
+    row ("rows" instead with a cancellation.transform: see RunConfig.update_layout); "rows",
+    the rollout's own rows."""
+
+    def check(self):
+        self._nonneg("lr", "warmup_steps", "weight_decay", "grad_clip")
+        self._one_of("schedule", ("constant", "cosine"))
+        self._unit("b1", open_high=True)
+        self._unit("b2", open_high=True)
+        self._positive("epochs", "minibatches", "microbatches")
+        self._one_of("layout", ("grouped", "packed", "rows"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig(_Section):
+    KEY = "mesh"
+    data: int = -1
+    """-1 = all remaining devices."""
+    fsdp: int = 1
+    """Devices the parameters are sharded over (FSDP)."""
+    tensor: int = 1
+    """Devices each matmul is split over (tensor parallelism)."""
+
+    def check(self):
+        self._require("data", self.data == -1 or self.data > 0, "must be -1 or > 0")
+        self._positive("fsdp", "tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoopConfig(_Section):
+    KEY = "train"
+    steps: int = 400
+    """RL steps of the run."""
+    eval_every: int = 50
+    """Evaluate every this many steps (and at the end)."""
+    checkpoint_every: int = 50
+    """Checkpoint every this many steps (and at the end)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept in the workdir (the latest ones)."""
+    distributed: bool = False
+    """Call jax.distributed.initialize() (multi-host)."""
+    progress: bool = True
+    """Show a progress bar."""
+    allow_config_change: bool = False
+    """Resume a workdir whose checkpoint was written under another config only when true."""
+
+    def check(self):
+        self._positive("steps", "eval_every", "checkpoint_every", "keep_checkpoints")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig(_Section):
+    KEY = "eval"
+    num_prompts: int = 256
+    """Evaluation problems (the first of the split)."""
+    samples: int = 1
+    """k of avg@k."""
+    temperature: float = 0.0
+    """0 = greedy, else >= MIN_TEMPERATURE."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]."""
+    max_new_tokens: int = 0
+    """0 = rollout.max_new_tokens."""
+
+    def check(self):
+        self._positive("num_prompts", "samples")
+        self._temperature("temperature")
+        self._require("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+        self._nonneg("max_new_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig(_Section):
+    KEY = "warm_start"
+    enabled: bool = False
+    """Supervised warm start on the task's reference solutions."""
+    steps: int = 400
+    """Supervised steps of the warm start."""
+    batch_size: int = 64
+    """Reference solutions per warm-start step."""
+    lr: float = 3e-3
+    """Peak learning rate of the warm start."""
+    warmup_steps: int = 50
+    """Linear warm-up of the warm start; < steps."""
+    cache_dir: str = ""
+    """"" = <data_dir>/warm_start."""
+
+    def check(self):
+        self._positive("steps", "batch_size")
+        self._nonneg("lr", "warmup_steps")
+        self._require("warmup_steps", self.warmup_steps < self.steps,
+                      f"must be < config.warm_start.steps={self.steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagnosticsConfig(_Section):
+    KEY = "diagnostics"
+    grad_var_every: int = 0
+    """Log the gradient variance every this many steps; 0 = off."""
+
+    def check(self):
+        self._nonneg("grad_var_every")
