@@ -8,10 +8,12 @@ unprivileged user."""
 
 import dataclasses
 import errno
+import importlib.util
 import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -208,12 +210,54 @@ def test_seccomp_alone_stops_unix_sockets_on_file_paths():
         assert not result.passed and "PermissionError" in result.reason, result.reason
         with pytest.raises(TimeoutError):
             listener.accept()
-        unshare = hostile("print(libc.unshare(0x10000000), ctypes.get_errno())", ["seccomp"])
-        assert f"got '-1 {errno.EPERM}" in unshare.reason, unshare.reason  # no new namespaces
+        calls = ("def call(*args):\n    return libc.syscall(*args), ctypes.get_errno()\n"
+                 "print(libc.unshare(0x10000000), ctypes.get_errno(), call(425, 8, None), "
+                 "call(0x40000000 | 41, 2, 2, 0))")  # unshare(USER); io_uring_setup; x32 socket
+        denied = hostile(calls, ["seccomp"])
+        eperm = f"-1 {errno.EPERM} (-1, {errno.EPERM}) (-1, {errno.EPERM})"
+        assert f"got '{eperm}" in denied.reason, denied.reason
     finally:
         listener.close()
         os.unlink(path)
         os.rmdir(where)
+
+
+def run_bpf(program, nr, arch, arg0=0):
+    """A classic-BPF interpreter for the instructions the filter uses, on seccomp_data."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    ins = [struct.unpack("=HBBI", program[i:i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = ins[pc]
+        if op == 0x06:  # ret k
+            return k
+        if op == 0x20:  # ld [k]
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+            continue
+        taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op]
+        pc += 1 + (jt if taken else jf)
+
+
+@pytest.mark.parametrize("machine, socket_nr, read_nr", [("x86_64", 41, 0),
+                                                         ("aarch64", 198, 63)])
+def test_seccomp_program_verdicts(machine, socket_nr, read_nr):
+    """The filter's verdicts for both machines, the one not running here included."""
+    spec = importlib.util.spec_from_file_location("layers", code.LAYERS_FILE)
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    arch, denied, clone, clone3 = layers.SECCOMP_ABI[machine]
+    program = layers.seccomp_program(machine)
+    eperm, allow = layers.RET_ERRNO | errno.EPERM, layers.RET_ALLOW
+    assert run_bpf(program, socket_nr, arch) == eperm
+    assert all(run_bpf(program, nr, arch) == eperm for nr in denied)
+    assert run_bpf(program, read_nr, arch) == allow
+    assert run_bpf(program, socket_nr, 0x40000003) == layers.RET_KILL_PROCESS  # i386 / arm32
+    assert run_bpf(program, 0x40000000 | socket_nr, arch) == eperm  # x32 numbering
+    assert run_bpf(program, clone3, arch) == layers.RET_ERRNO | errno.ENOSYS
+    assert run_bpf(program, clone, arch, arg0=0x11 | 0x01200000) == allow  # fork's flags
+    for flag in (0x10000000, 0x20000000, 0x40000000, 0x00020000, 0x80):  # USER PID NET NS TIME
+        assert run_bpf(program, clone, arch, arg0=0x11 | flag) == eperm
 
 
 SECRET_ESCAPE = """
