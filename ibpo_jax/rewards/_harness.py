@@ -58,7 +58,8 @@ PREAMBLE_MODULES = ("typing", "math", "re", "heapq", "bisect", "itertools", "fun
 PRELOAD = ("fractions", "decimal", "random", "operator", "copy", "array", "statistics",
            "datetime", "time", "json", "queue", "enum", "dataclasses", "numbers", "cmath",
            "struct", "textwrap", "calendar", "unicodedata", "encodings.ascii",
-           "encodings.latin_1", "socket")  # socket: the kernel, not a missing file, denies it
+           "encodings.latin_1", "encodings.idna",
+           "socket")  # socket, idna: the hook or the kernel, not a missing file, deny sockets
 # Layers a config may switch on; "rlimits" and the empty environment are always on.
 TOGGLES = ("pid_namespace", "net_namespace", "unprivileged_uid", "landlock", "seccomp",
            "audit_hook")
