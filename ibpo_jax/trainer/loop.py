@@ -11,6 +11,7 @@ so a run killed at any point and restarted reproduces the uninterrupted run's me
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -76,8 +77,14 @@ def default_split(task: Any) -> str:
 
 
 def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
-    reward = rewards_lib.get_reward(cfg.reward.name or name,
-                                    values=(cfg.reward.wrong, cfg.reward.correct))
+    name, options = cfg.reward.name or name, {}
+    if name == "code":  # strict (the default) refuses to start where a sandbox layer is missing
+        options["sandbox"] = rewards_lib.code.require_sandbox(cfg.reward.sandbox)
+        if jax.process_index() == 0:
+            print(rewards_lib.code.sandbox_summary(cfg.reward.sandbox), file=sys.stderr,
+                  flush=True)
+    reward = rewards_lib.get_reward(name, values=(cfg.reward.wrong, cfg.reward.correct),
+                                    **options)
     return rewards_lib.RewardPool(reward, num_workers=cfg.reward.num_workers,
                                   timeout_s=cfg.reward.timeout_s)
 
