@@ -93,7 +93,7 @@ class Shapes:
 _ONE_DEVICE = (("mesh.data", "1"), ("mesh.fsdp", "1"), ("mesh.tensor", "1"),
                ("train.distributed", "false"), ("reward.num_workers", "0"))
 FULL = Shapes(
-    budgets=dict(peak=30, train=100, sampler=110, phi=60, rl_step=150), matmul_n=8192,
+    budgets=dict(peak=20, train=90, sampler=100, phi=50, rl_step=200), matmul_n=8192,
     matmul_chain=16, train_batch=8, train_len=2048, sample_prompts=16, sample_group=8,
     sample_prompt_len=256, sample_new=1024, phi_groups=16, phi_group=8, phi_min_len=4096,
     phi_max_len=8192, lcs_pairs=64, repeats=5,
@@ -334,8 +334,9 @@ def rl_flops(cfg, c: models.Qwen3Config, plen: np.ndarray, rlen: np.ndarray) -> 
     return fwd * (frozen + 3 * cfg.optim.epochs)
 
 
-def section_rl_step(rep: Report, s: Shapes, budget: float, cfg, peak: float) -> None:
-    """One RL step (credit + update) of the preset on a synthetic rollout, one device."""
+def rl_once(cfg, budget: float, repeats: int) -> dict:
+    """Builds and times one RL step (credit + update, jitted as the Trainer jits them) of
+    `cfg` on a synthetic rollout, on the first device."""
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     with jax.set_mesh(mesh):
         m = models.init(policy.architecture(cfg, TINY_VOCAB), jax.random.key(cfg.seed),
@@ -346,35 +347,58 @@ def section_rl_step(rep: Report, s: Shapes, budget: float, cfg, peak: float) -> 
         optimizer = make_optimizer(cfg.optim, total_updates=updates)
         state = [init_state(jax.tree.map(jnp.copy, m.params), optimizer)]
         rollout, plen = synthetic_rollout(cfg, m.config.vocab_size)
-        is_delim = jnp.zeros((m.config.vocab_size,), bool).at[DELIM % m.config.vocab_size].set(
-            True)
+        vocab = m.config.vocab_size
+        is_delim = jnp.zeros((vocab,), bool).at[DELIM % vocab].set(True)
         plan = packing.place(packing.identity(plen, cfg.rollout.max_prompt_len,
                                               cfg.rollout.group_size), jax.device_put)
         credit_fn = jax.jit(functools.partial(step.credit, spec))
         update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0)
-        key = jax.random.key(7)
-        metrics = {}
+        key, metrics = jax.random.key(7), {}
 
         def one():
             cred, metrics["credit"] = credit_fn(rollout, is_delim)
             state[0], metrics["update"] = update_fn(state[0], m.params, rollout, cred, key, plan)
             return state[0]
 
-        compile_s, t = timed(one, budget, max(1, s.repeats // 2))
-    rlen = np.asarray(rollout.response_len)
-    flops = rl_flops(cfg, m.config, plen, rlen)
-    tokens = int(plen.sum() + rlen.sum())
+        compile_s, t = timed(one, budget, repeats)
+    return dict(model=m, plen=plen, rlen=np.asarray(rollout.response_len),
+                compile_s=compile_s, step_s=t, phi_mean=float(metrics["credit"]["phi_mean"]))
+
+
+def _out_of_memory(e: Exception) -> bool:
+    text = str(e)
+    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+
+
+def section_rl_step(rep: Report, s: Shapes, budget: float, cfg_for: Callable, peak: float
+                    ) -> None:
+    """One RL step of the preset; when the preset's response length runs out of device memory
+    (materialized attention scores of 8 rows x 8k tokens), halves it, at most twice."""
+    t0, cfg, oom = time.perf_counter(), cfg_for([]), []
+    for _ in range(3):
+        try:
+            r = rl_once(cfg, budget - (time.perf_counter() - t0), max(1, s.repeats // 2))
+            break
+        except Exception as e:  # noqa: BLE001 - only running out of memory is retried
+            if not _out_of_memory(e) or time.perf_counter() - t0 > budget / 2:
+                raise
+            oom.append(cfg.rollout.max_new_tokens)
+            cfg = cfg_for([("rollout.max_new_tokens", str(cfg.rollout.max_new_tokens // 2))])
+    else:
+        raise RuntimeError(f"rl_step: out of memory at max_new_tokens {oom}")
+    flops = rl_flops(cfg, r["model"].config, r["plen"], r["rlen"])
+    tokens, t = int(r["plen"].sum() + r["rlen"].sum()), r["step_s"]
     shapes = {"config": CONFIG.split("/")[-1], "prompts": cfg.rollout.prompts_per_step,
-              "group_size": cfg.rollout.group_size, "rows": len(rlen),
+              "group_size": cfg.rollout.group_size, "rows": len(r["rlen"]),
               "max_prompt_len": cfg.rollout.max_prompt_len,
               "max_new_tokens": cfg.rollout.max_new_tokens, "max_units": cfg.ibpo.max_units,
               "microbatches": cfg.optim.microbatches, "layout": cfg.optim.layout,
-              "real_tokens": tokens, "model": _model_shape(m), "flops_per_step": flops,
+              "out_of_memory_at_max_new_tokens": oom, "real_tokens": tokens,
+              "model": _model_shape(r["model"]), "flops_per_step": flops,
               "flops_formula": FLOPS_NOTE + "; passes: reference fwd (beta > 0), old fwd (several "
               "updates), fwd + bwd per epoch; grouped layout: prompt once per group"}
-    phi_mean = float(metrics["credit"]["phi_mean"])
-    rep.emit("rl_step_seconds", t, "s", shapes=shapes, first_call_s=compile_s,
-             phi_mean=phi_mean)
+    rep.emit("rl_step_seconds", t, "s", shapes=shapes, first_call_s=r["compile_s"],
+             phi_mean=r["phi_mean"])
     rep.emit("rl_step_tokens_per_s", tokens / t, "rollout tokens/s (prompt + response rows)",
              shapes=shapes)
     rep.emit("rl_step_mfu", flops / t / peak, "fraction of measured bf16 peak", shapes=shapes,
@@ -395,9 +419,9 @@ def _model_shape(m: models.Qwen3LM) -> dict:
 SECTIONS = ("peak", "train", "sampler", "phi", "rl_step")
 
 
-def run_sections(rep: Report, s: Shapes, names: list[str], cfg) -> None:
+def run_sections(rep: Report, s: Shapes, names: list[str], cfg_for: Callable) -> None:
     """Each section under its budget; later sections still run after one fails."""
-    peak, model = None, None
+    peak, model, cfg = None, None, cfg_for([])
     for name in names:
         t0, budget = time.perf_counter(), float(s.budgets[name])
         status = "ok"
@@ -414,7 +438,7 @@ def run_sections(rep: Report, s: Shapes, names: list[str], cfg) -> None:
                 section_phi(rep, s, budget)
             else:
                 model = None  # free the section model's buffers first
-                section_rl_step(rep, s, budget, cfg, peak)
+                section_rl_step(rep, s, budget, cfg_for, peak)
         except Exception as e:  # noqa: BLE001 - report the section and go on
             status = f"{type(e).__name__}: {e}"[:500]
         rep.emit(f"section_seconds_{name}", time.perf_counter() - t0, "s",
@@ -445,14 +469,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--budget-scale must be > 0")
     s = TINY if args.tiny else FULL
     s = dataclasses.replace(s, budgets={k: v * args.budget_scale for k, v in s.budgets.items()})
-    cfg = run_config(args.tiny, extra)
+    cfg_for = functools.partial(lambda more: run_config(args.tiny, [*extra, *more]))
+    try:
+        cfg_for([])
+    except ValueError as e:  # config.ConfigError names the key
+        parser.error(f"--rl-override: {e}")
     rep = Report(jax.devices()[0])
     t0 = time.perf_counter()
     watchdog = threading.Timer(TOTAL_BUDGET_S * args.budget_scale, _give_up, args=(rep, t0))
     watchdog.daemon = True
     watchdog.start()
     with contextlib.redirect_stdout(sys.stderr):  # libraries' prints stay off the JSON stream
-        run_sections(_StdoutReport(rep), s, names, cfg)
+        run_sections(_StdoutReport(rep), s, names, cfg_for)
     watchdog.cancel()
     rep.emit("total_seconds", time.perf_counter() - t0, "s", sections=names,
              tiny=args.tiny, jax=jax.__version__, devices=len(jax.devices()))

@@ -1,0 +1,144 @@
+"""experiments/benchmarks/accelerator_check.py --tiny, run as a user would (a subprocess on CPU):
+every figure it promises comes out as a JSON line with a finite positive value, every section
+reports ok, and the model FLOPs it states agree with a hand count."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "experiments" / "benchmarks" / "accelerator_check.py"
+FIGURES = {
+    "peak_matmul_bf16", "train_tokens_per_s", "train_mfu", "sampler_tokens_per_s",
+    "phi_cells_per_s", "lcs_pair_cells_per_s", "rl_step_seconds", "rl_step_tokens_per_s",
+    "rl_step_mfu",
+}
+SECTIONS = ("peak", "train", "sampler", "phi", "rl_step")
+
+
+def _load_script():
+    """The script as a module (registered first: its dataclasses look their module up)."""
+    if "accelerator_check" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["accelerator_check"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["accelerator_check"]
+
+
+@pytest.fixture(scope="module")
+def lines() -> list[dict]:
+    # One plain CPU device, as on a workstation (not the suite's 8 fake devices). Budgets x4:
+    # this shared CI machine compiles slowly; the check is about the output, not the speed.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--budget-scale", "4"],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line) for line in proc.stdout.splitlines()]  # every line is JSON
+
+
+def test_every_figure_is_finite_and_positive(lines):
+    by_name = {d["name"]: d for d in lines}
+    assert FIGURES <= set(by_name), FIGURES - set(by_name)
+    for name in FIGURES:
+        d = by_name[name]
+        assert isinstance(d["value"], float) and math.isfinite(d["value"]) and d["value"] > 0, d
+        assert d["device_kind"] == "cpu" and d["unit"] and isinstance(d["shapes"], dict), d
+    for name in ("train_mfu", "rl_step_mfu"):  # against a peak measured in the same run
+        assert by_name[name]["peak_tflops"] == pytest.approx(
+            by_name["peak_matmul_bf16"]["value"])
+
+
+def test_every_section_ran_within_the_run(lines):
+    by_name = {d["name"]: d for d in lines}
+    for section in SECTIONS:
+        d = by_name[f"section_seconds_{section}"]
+        assert d["status"] == "ok", d
+        assert 0 < d["value"] and math.isfinite(d["value"])
+    total = by_name["total_seconds"]
+    assert "status" not in total  # the watchdog did not fire
+    assert total["value"] >= sum(by_name[f"section_seconds_{s}"]["value"] for s in SECTIONS)
+    assert by_name["rl_step_seconds"]["shapes"]["config"].endswith("ibpo_gspo.py:qwen3_0.6b_math")
+
+
+def test_model_flops_by_hand():
+    """matmul_params and attention_fwd_flops against a hand count of a 1-layer model."""
+    check = _load_script()
+    from ibpo_jax import models
+
+    c = models.Qwen3Config(vocab_size=10, hidden_size=4, intermediate_size=6,
+                           num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                           head_dim=2)
+    # q 4x4, k 4x2, v 4x2, o 4x4, gate/up 4x6, down 6x4, unembedding 4x10
+    assert check.matmul_params(c) == 16 + 8 + 8 + 16 + 24 + 24 + 24 + 40
+    # 3 queries after 2 earlier tokens see 3, 4, 5 keys; 4 FLOPs x heads x head_dim per pair
+    assert check.attention_fwd_flops(c, np.array([2]), np.array([3])) == 4 * 2 * 2 * 12
+    # two rows sum; a row of length 0 costs nothing
+    assert check.attention_fwd_flops(c, np.array([0, 5]), np.array([2, 0])) == 4 * 2 * 2 * 3
+
+
+def test_bad_arguments_name_the_flag():
+    """Bad flags fail at once (exit 2, argparse) and name the flag or config key."""
+    for args, flag in ((["--sections", "peak,nope"], "--sections"),
+                       (["--rl-override", "optim.lr"], "--rl-override"),
+                       (["--rl-override", "optim.no_such_key=1"], "optim.no_such_key"),
+                       (["--budget-scale", "0"], "--budget-scale")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--tiny", *args],
+                              capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+        assert proc.returncode == 2 and flag in proc.stderr, (args, proc.stderr[-500:])
+
+
+def test_rl_step_halves_the_response_length_when_out_of_memory(monkeypatch):
+    """An out-of-memory RL step is retried at half the new tokens and the lines say so; other
+    errors are not retried."""
+    import jax.numpy as jnp
+
+    from ibpo_jax import models
+
+    check = _load_script()
+    tried, lines = [], []
+
+    def fake_rl_once(cfg, budget, repeats):
+        tried.append(cfg.rollout.max_new_tokens)
+        if cfg.rollout.max_new_tokens > 12:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate")
+        c = models.Qwen3Config(vocab_size=16, hidden_size=8, intermediate_size=8,
+                               num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=4)
+        model = models.Qwen3LM(c, models.make_options(jnp.bfloat16), {})
+        return dict(model=model, plen=np.full(16, 4), rlen=np.full(16, 12), compile_s=1.0,
+                    step_s=0.5, phi_mean=0.25)
+
+    class Capture(check.Report):
+        def emit(self, name, value, unit, **extra):
+            lines.append({"name": name, "value": value, **extra})
+
+    monkeypatch.setattr(check, "rl_once", fake_rl_once)
+    cfg_for = lambda more: check.run_config(True, more)  # noqa: E731 - tiny: 48 new tokens
+    rep = Capture.__new__(Capture)
+    check.section_rl_step(rep, check.TINY, 100.0, cfg_for, 1e9)
+    assert tried == [48, 24, 12]
+    by_name = {d["name"]: d for d in lines}
+    shapes = by_name["rl_step_seconds"]["shapes"]
+    assert shapes["max_new_tokens"] == 12 and shapes["out_of_memory_at_max_new_tokens"] == [48, 24]
+    assert by_name["rl_step_tokens_per_s"]["value"] == (16 * 4 + 16 * 12) / 0.5
+
+    def broken(cfg, budget, repeats):
+        tried.append(cfg.rollout.max_new_tokens)
+        raise TypeError("an API change")
+
+    monkeypatch.setattr(check, "rl_once", broken)
+    tried.clear()
+    with pytest.raises(TypeError, match="an API change"):
+        check.section_rl_step(rep, check.TINY, 100.0, cfg_for, 1e9)
+    assert tried == [48]
