@@ -305,6 +305,9 @@ def test_landlock_alone_denies_reading_host_files():
         result = hostile(program, ["landlock"])
         assert "PermissionError" in result.reason and "host-file-content" not in repr(result)
         assert hostile("import csv, fnmatch\nprint('ok')", ["landlock"]).passed  # stdlib reads
+        assert hostile("os.execv('/bin/echo', ['echo', 'ok'])", []).passed  # control: exec works
+        no_exec = hostile("os.execv('/bin/echo', ['echo', 'ok'])", ["landlock"])
+        assert "PermissionError: [Errno 13]" in no_exec.reason, no_exec.reason
     finally:
         os.unlink(path)
         os.rmdir(where)
