@@ -1,6 +1,11 @@
 """Bit-parallel LCS and Levenshtein kernels over batches of int32 sequence pairs (DESIGN §2).
 
-Both kernels compare a *pattern* `a` (bit k of the state stands for a[k]) with a *text* `b`
+Three batch kernels: `lcs_first_error_batch` (LCS and the v1 prefix rule's first error),
+`lcs_alignment_batch` (LCS and the first unit left unmatched by an optimal alignment: one
+backward LCS pass that also counts, per text column, the state bits under a per-column budget)
+and `levenshtein_batch`.
+
+The kernels compare a *pattern* `a` (bit k of the state stands for a[k]) with a *text* `b`
 scanned column by column: Allison-Dix / Hyyrö (2004) for LCS, Myers (1999) / Hyyrö (2003) for
 Levenshtein. Everything is plain uint32 arithmetic in `lax.scan`, batched over all pairs.
 
@@ -152,39 +157,69 @@ def _shift_up(x, bottom):
     return up | jnp.where(jnp.arange(ks)[:, None] == 0, bottom[None, :], 0)
 
 
-def lcs_words(a, b, a_len, b_len):
+def _column_counts(x, r_pad, s, base, part, nin_s):
+    """Masked popcounts of one step, carried up the stripe like the addition's carry.
+
+    x [ks, P] new state words (word k at column s - k), r_pad [rows, P] per-column bit budget
+    (skewed like the text ids), base [ks, 1] the first pattern bit of each word. Returns the
+    new partial sums: row k = ones among the low r bits of words 0..k for column s - k, plus
+    the count handed in from the stripes below (`nin_s` for row 0).
+    """
+    ks = x.shape[0]
+    r = lax.dynamic_slice_in_dim(r_pad, s, ks, axis=0)[::-1]
+    nbits = jnp.clip(r - base, 0, _BITS).astype(jnp.uint32)
+    cnt = lax.population_count(x & (jnp.left_shift(jnp.uint32(1), nbits) - 1))
+    return _shift_up(part, nin_s) + cnt
+
+
+def lcs_words(a, b, a_len, b_len, col_bits=None):
     """Final Hyyrö LCS state words. a [P, La], b [P, Lb] int32; a_len, b_len [P] int32.
 
     Returns V [n_words, P] uint32 (31 payload bits each): bit i of the pattern is
-    1 - (LCS(a[:i+1], b) - LCS(a[:i], b)).
+    1 - (LCS(a[:i+1], b) - LCS(a[:i], b)). With col_bits [P, Lb] int32 it also returns
+    counts [Lb + ks - 1, P] uint32 (rows >= Lb are padding): counts[c] = the number of ones among
+    the low col_bits[:, c] bits of V right after text column c, so that
+    LCS(a[:r], b[:c + 1]) = r - counts[c] for r = col_bits[:, c] (one popcount per word and
+    column, summed up the stripes like the carry; no per-column copy of V is kept).
     """
     n_pairs = a.shape[0]
     ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
+    count = col_bits is not None
+    r_pad = jnp.pad(col_bits.T, ((ks - 1, ks - 1), (0, 0))) if count else None
 
     def stripe(q, carry):
-        cin, words = carry  # cin [steps, P]: carry into the stripe's bottom word per column
+        cin, nin, words = carry  # [steps, P]: carry / count into the stripe's bottom word
         table, ids_pad = _stripe_setup(ra, rb, q, ks)  # id 0 = no match outside the text
+        base = (q * ks + jnp.arange(ks))[:, None] * _BITS
 
-        def step(x, s):
+        def step(state, s):
+            x, part = state
             pm = _skewed_gather(table, ids_pad, s, ks)
             v = x & _M31
             u = v & pm
             # V' = (V + U + c) | (V - U); U is a subset of V so V - U = V & ~U. The sum of two
             # 31-bit words and a carry fits 32 bits: bit 31 is the carry for the word above.
             x = (v + u + _shift_up(x >> 31, cin[s])) | (v & ~u)
-            return x, x[ks - 1] >> 31
+            if not count:
+                return (x, part), (x[ks - 1] >> 31, part)
+            part = _column_counts(x, r_pad, s, base, part, nin[s])
+            return (x, part), (x[ks - 1] >> 31, part[ks - 1])
 
         x0 = jnp.full((ks, n_pairs), _M31, jnp.uint32)
-        x, cout = lax.scan(step, x0, jnp.arange(steps))
+        part0 = jnp.zeros((ks, n_pairs) if count else (), jnp.uint32)
+        (x, _), (cout, nout) = lax.scan(step, (x0, part0), jnp.arange(steps))
         # the top word handled column s - (ks - 1) at step s
-        cin = jnp.concatenate([cout[ks - 1:], jnp.zeros((ks - 1, n_pairs), jnp.uint32)])
+        tail = jnp.zeros((ks - 1, n_pairs), jnp.uint32)
+        cin = jnp.concatenate([cout[ks - 1:], tail])
+        nin = jnp.concatenate([nout[ks - 1:], tail]) if count else nin
         words = lax.dynamic_update_slice_in_dim(words, x & _M31, q * ks, axis=0)
-        return cin, words
+        return cin, nin, words
 
-    init = (jnp.zeros((steps, n_pairs), jnp.uint32),
+    zeros = jnp.zeros((steps, n_pairs), jnp.uint32)
+    init = (zeros, zeros if count else jnp.zeros((), jnp.uint32),
             jnp.zeros((n_stripes * ks, n_pairs), jnp.uint32))
-    _, words = lax.fori_loop(0, n_stripes, stripe, init)
-    return words
+    _, counts, words = lax.fori_loop(0, n_stripes, stripe, init)
+    return (words, counts) if count else words
 
 
 def _low_bits_mask(n_words, length):
@@ -206,6 +241,57 @@ def _lcs_first_error_chunk(a, b, a_len, b_len):
     zero_below = jnp.cumprod(jnp.concatenate(
         [jnp.ones_like(v[:1], dtype=jnp.int32), (v[:-1] == 0).astype(jnp.int32)]), axis=0)
     first_error = jnp.minimum((tz * zero_below).sum(axis=0), a_len)
+    return lcs, first_error
+
+
+def greedy_embedding(a, b, a_len, b_len):
+    """Leftmost embedding of a's prefixes in b: one scan over b's columns.
+
+    a [P, La], b [P, Lb] int32; a_len, b_len [P]. Returns q [P, La + 1] int32 with q[:, k] the
+    end of the greedy embedding of a[:k] in b[:b_len] (q[:, 0] = 0; -1 where a[:k] is not a
+    subsequence of b), and f [P] = max{k : a[:k] is a subsequence of b} (the prefix rule).
+    """
+    n_pairs, n_a = a.shape
+    pp = jnp.arange(n_pairs)
+
+    def column(k, xs):
+        bj, p = xs
+        hit = (k < a_len) & (p < b_len) & (bj == a[pp, jnp.minimum(k, n_a - 1)])
+        k = k + hit.astype(jnp.int32)
+        return k, jnp.where(hit, k, n_a + 1)  # n_a + 1: dropped by the scatter below
+
+    cols = jnp.arange(b.shape[1], dtype=jnp.int32)
+    f, reached = lax.scan(column, jnp.zeros((n_pairs,), jnp.int32), (b.T, cols), unroll=8)
+    q = jnp.full((n_pairs, n_a + 1), -1, jnp.int32).at[:, 0].set(0)
+    q = q.at[pp[None, :], reached].set(jnp.broadcast_to(cols[:, None] + 1, reached.shape),
+                                         mode="drop")
+    return q, f
+
+
+def _reverse(x, length):
+    """x [P, L] -> each row's first `length` entries reversed (padding after is arbitrary)."""
+    idx = length[:, None] - 1 - jnp.arange(x.shape[1])[None, :]
+    return jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1), axis=1)
+
+
+def _lcs_alignment_chunk(a, b, a_len, b_len):
+    """`lcs_alignment_batch` for one chunk of pairs.
+
+    One backward pass over a (text = a reversed, pattern = b reversed): after the text column
+    holding a[k], the low r bits of V give LCS(a[k:], b[m - r:]) for every r; the kernel counts
+    them at r_k = m - q_k only, q_k from `greedy_embedding`.
+    """
+    n_a = a.shape[1]
+    q, f = greedy_embedding(a, b, a_len, b_len)
+    k = a_len[:, None] - 1 - jnp.arange(n_a)[None, :]  # [P, La]: a[k] at backward column c
+    live = (k >= 0) & (k <= f[:, None])  # q_k is defined exactly for k <= f
+    q_k = jnp.take_along_axis(q, jnp.clip(k, 0, n_a), axis=1)
+    r = jnp.where(live, b_len[:, None] - q_k, 0)  # bits of reversed b that stand for b[q_k:]
+    v, counts = lcs_words(_reverse(b, b_len), _reverse(a, a_len), b_len, a_len, col_bits=r)
+    lcs = b_len - _popcount(v & _low_bits_mask(v.shape[0], b_len))
+    rest = r - counts[:n_a].T.astype(jnp.int32)  # LCS(a[k:], b[q_k:])
+    ok = live & (k + rest == lcs[:, None])
+    first_error = jnp.where(f == a_len, a_len, jnp.max(jnp.where(ok, k, 0), axis=1))
     return lcs, first_error
 
 
@@ -285,6 +371,16 @@ def lcs_first_error_batch(a, b, a_len, b_len):
     exactly when pattern row i + 1 gains one on row i), capped at a_len.
     """
     return _in_chunks(_lcs_first_error_chunk, _CHUNK_PAIRS, a, b, a_len, b_len)
+
+
+def lcs_alignment_batch(a, b, a_len, b_len):
+    """LCS(a[:a_len], b[:b_len]) and the first unit of a left unmatched by an optimal LCS
+    alignment, the latest among optimal alignments (DESIGN §2, alignment="lcs"):
+    e = max{k : q_k defined and k + LCS(a[k:], b[q_k:]) = LCS(a, b)}, q_k the end of the greedy
+    embedding of a[:k] in b. Same shapes as lcs_first_error_batch. Cost: one LCS pass with a
+    masked popcount per word and column, plus one scan over b for the greedy embedding.
+    """
+    return _in_chunks(_lcs_alignment_chunk, _CHUNK_PAIRS, a, b, a_len, b_len)
 
 
 def levenshtein_batch(a, b, a_len, b_len):

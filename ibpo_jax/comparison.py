@@ -1,22 +1,35 @@
 """Counterfactual comparison operator φ and per-unit credit Δ (DESIGN §2, paper §3.2-§3.3).
 
 A response is cut into units (reasoning steps, or tokens); each wrong response i of a group is
-compared with every correct response j of the same group, and φ_i is its best closeness to a
-correct solution. All functions are jittable and vmappable, take int32 arrays padded to static
-lengths, and never look at padding: values beyond a length are arbitrary.
+compared with every correct response j of the same group. All functions are jittable and
+vmappable, take int32 arrays padded to static lengths, and never look at padding: values
+beyond a length are arbitrary.
+
+First error e_ij (DESIGN §2, `alignment`): "lcs" (default) = the first unit of u_i left
+unmatched by an optimal LCS alignment with u_j, the latest one among optimal alignments;
+"prefix" (v1) = the longest prefix of u_i that is a subsequence of u_j. Reduction over the
+correct j (`reduce`): "max" = the best match j* (lowest j among ties), Δ from j*; "mean" = the
+average over all correct j, of φ and of Δ alike.
 
 Pair kernels: `lcs_first_error` and `edit_distance` compare one pair; under `jax.vmap` (any
 nesting) they route, through `jax.custom_batching.custom_vmap`, to one bit-parallel kernel call
 over all pairs (`ibpo_jax._bitparallel`). `compute_phi` compares the G x G pairs of a group in one
 such call, and a vmap over groups merges all groups' pairs into the same single call.
 
-Step units (`split_steps`) are hashed on device to one int32 per step (see `_hash_steps` for the
-collision rate). Ties in the max over j go to the lowest j.
+Unit budget: by default every unit of a response has a slot (token units: the response width;
+steps: (T + 1) // 2, the most steps T tokens can hold), so no budget changes φ. A smaller
+`max_units` (memory) covers only the first units: `response_units` flags such rows
+(`truncated`), their uncovered tail is left out of φ's denominator and out of Δ (its tokens get
+the sequence credit φ_i, see `token_delta`).
 
-Per-unit credit Δ (DESIGN §2): for `lcs_first_error`, 1 on the units before the first error of
-the best match and 0 from it on (mean f/n = φ); for `lcs` and `edit_distance`, whose φ is not a
-prefix length, Δ = φ on every unit, so that mean Δ = φ still holds and `credit="token"` reduces
-to sequence credit.
+Step units (`split_steps`) are hashed on device to one int32 per step (see `_hash_steps` for the
+collision rate).
+
+Per-unit credit Δ (DESIGN §2): for `lcs_first_error`, 1 on the units before the first error and
+0 from it on (mean over units = e/n = φ; "mean" averages these indicators over correct j); for
+`lcs` and `edit_distance`, whose φ is not a prefix length, Δ = φ on every unit, so that mean
+Δ = φ still holds and `credit="token"` reduces to sequence credit. `token_delta` rescales Δ per
+response so that its mean over the loss tokens is φ_i as well.
 """
 
 from __future__ import annotations
@@ -28,7 +41,12 @@ import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 
 from ibpo_jax import _bitparallel
+from ibpo_jax.losses import safe_div
 from ibpo_jax.registry import OPERATORS
+
+ALIGNMENTS = ("lcs", "prefix")
+REDUCTIONS = ("max", "mean")
+GRANULARITIES = ("step", "token")
 
 # ---------------------------------------------------------------------------------------------
 # Pair kernels
@@ -70,8 +88,16 @@ def _batched(kernel):
     return fn
 
 
-_lcs_pairs = _batched(_bitparallel.lcs_first_error_batch)
+_LCS_PAIRS = {"lcs": _batched(_bitparallel.lcs_alignment_batch),
+              "prefix": _batched(_bitparallel.lcs_first_error_batch)}
 _lev_pairs = _batched(_bitparallel.levenshtein_batch)
+
+
+def _choice(value: str, valid: tuple[str, ...], key: str) -> str:
+    if value not in valid:
+        raise ValueError(f"comparison: unknown {key} {value!r} (config key {key}); valid: "
+                         f"{', '.join(valid)}")
+    return value
 
 
 def _one_pair(fn, a, b, a_len, b_len):
@@ -84,15 +110,19 @@ def _one_pair(fn, a, b, a_len, b_len):
     return jax.tree.map(lambda y: y[0], out)
 
 
-def lcs_first_error(a: jax.Array, b: jax.Array, a_len: jax.Array, b_len: jax.Array
-                    ) -> tuple[jax.Array, jax.Array]:
-    """LCS length and first-error position of a[:a_len] against b[:b_len], one DP pass.
+def lcs_first_error(a: jax.Array, b: jax.Array, a_len: jax.Array, b_len: jax.Array, *,
+                    alignment: str = "lcs") -> tuple[jax.Array, jax.Array]:
+    """LCS length and first-error position e of a[:a_len] against b[:b_len] (DESIGN §2).
 
     a: [La] int32, b: [Lb] int32, a_len, b_len: int32 scalars (clipped to [0, L]).
-    Returns (lcs, first_error), int32 scalars, with first_error = max{k : LCS(a[:k], b) = k}:
-    how many leading units of a appear, in order, in b (DESIGN §2, f_ij).
+    Returns (lcs, first_error), int32 scalars, e in [0, a_len]:
+    - alignment="lcs": e = max{k : q_k defined and k + LCS(a[k:], b[q_k:]) = LCS(a, b)}, q_k
+      the end of the greedy embedding of a[:k] in b: the first unit of a left unmatched by an
+      optimal alignment, the latest among optimal alignments ([5,1,2,3,4] vs [1,2,3,4,5]: 0).
+    - alignment="prefix" (v1): e = max{k : LCS(a[:k], b) = k} ([5,1,2,3,4] vs [1,2,3,4,5]: 1).
     """
-    return _one_pair(_lcs_pairs, a, b, a_len, b_len)
+    fn = _LCS_PAIRS[_choice(alignment, ALIGNMENTS, "ibpo.alignment")]
+    return _one_pair(fn, a, b, a_len, b_len)
 
 
 def edit_distance(a: jax.Array, b: jax.Array, a_len: jax.Array, b_len: jax.Array) -> jax.Array:
@@ -158,6 +188,26 @@ def _hash_steps(tokens, word, step, start_pos, n_slots):
     return _mix32(poly ^ _mix32(count + jnp.uint32(_HASH_SEED)))
 
 
+def _step_budget(n_tokens: int, max_units: int | None, where: str) -> int:
+    """Unit slots per response: max_units, or (T + 1) // 2, the most steps T tokens hold."""
+    n_slots = max(1, (n_tokens + 1) // 2) if max_units is None else int(max_units)
+    if n_slots < 1:
+        raise ValueError(f"{where}: max_units (config key ibpo.max_units) must be >= 1 or "
+                         f"None, got {max_units}")
+    return n_slots
+
+
+def _split(tokens, length, is_delim, n_slots):
+    """(units [n_slots], covered units, all steps of the response)."""
+    n = tokens.shape[0]
+    word, _, step, start_pos = _step_structure(tokens, length, is_delim)
+    n_steps = jnp.sum((word & (start_pos == jnp.arange(n))).astype(jnp.int32))
+    n_units = jnp.minimum(n_steps, n_slots)
+    h = _hash_steps(tokens, word, step, start_pos, n_slots)
+    units = jnp.where(jnp.arange(n_slots) < n_units, jax.lax.bitcast_convert_type(h, jnp.int32), 0)
+    return units, n_units, n_steps
+
+
 def split_steps(tokens: jax.Array, length: jax.Array, is_delim: jax.Array, *,
                 max_units: int | None = None) -> tuple[jax.Array, jax.Array]:
     """Cuts a response into reasoning steps and hashes each step to one int32 id (DESIGN §2).
@@ -166,19 +216,13 @@ def split_steps(tokens: jax.Array, length: jax.Array, is_delim: jax.Array, *,
     over the vocabulary. A step is a maximal run of non-delimiter tokens; delimiters only
     separate steps and are not hashed, empty runs vanish. Token ids outside [0, V) count as
     non-delimiters.
-    Returns units [U] int32 (U = max_units or T; entries past n_units are 0) and n_units, an
-    int32 scalar. Steps beyond max_units are dropped (n_units <= U).
+    Returns units [U] int32 (U = max_units, default (T + 1) // 2, which holds every step; entries
+    past n_units are 0) and n_units, an int32 scalar. Steps beyond max_units are dropped
+    (`response_units` reports such rows as truncated).
     """
     tokens = jnp.asarray(tokens)
-    n = tokens.shape[0]
-    n_slots = n if max_units is None else int(max_units)
-    if n_slots < 1:
-        raise ValueError(f"split_steps: max_units must be >= 1, got {max_units}")
-    word, _, step, start_pos = _step_structure(tokens, length, is_delim)
-    n_steps = jnp.sum((word & (start_pos == jnp.arange(n))).astype(jnp.int32))
-    n_units = jnp.minimum(n_steps, n_slots)
-    h = _hash_steps(tokens, word, step, start_pos, n_slots)
-    units = jnp.where(jnp.arange(n_slots) < n_units, jax.lax.bitcast_convert_type(h, jnp.int32), 0)
+    n_slots = _step_budget(tokens.shape[0], max_units, "split_steps")
+    units, n_units, _ = _split(tokens, length, is_delim, n_slots)
     return units, n_units
 
 
@@ -189,13 +233,13 @@ def token_unit_index(tokens: jax.Array, length: jax.Array, is_delim: jax.Array, 
     Same arguments as `split_steps`. Returns [T] int32: a step token gets its step's index; a
     delimiter gets the step it terminates, i.e. the step before it (a run of delimiters all
     close the same step; delimiters before the first step get -1); tokens at or after
-    `length` and tokens of steps dropped by max_units get -1.
+    `length` get -1; tokens of steps beyond max_units (the uncovered tail) get -2.
     """
     tokens = jnp.asarray(tokens)
-    n_slots = tokens.shape[0] if max_units is None else int(max_units)
+    n_slots = _step_budget(tokens.shape[0], max_units, "token_unit_index")
     _, _, step, _ = _step_structure(tokens, length, is_delim)
-    valid = jnp.arange(tokens.shape[0]) < length
-    return jnp.where(valid & (step >= 0) & (step < n_slots), step, -1)
+    valid = (jnp.arange(tokens.shape[0]) < length) & (step >= 0)
+    return jnp.where(valid, jnp.where(step < n_slots, step, -2), -1)
 
 
 def token_units(tokens: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -212,11 +256,85 @@ def token_units(tokens: jax.Array, length: jax.Array) -> tuple[jax.Array, jax.Ar
 
 def units_to_tokens(values: jax.Array, token_unit: jax.Array) -> jax.Array:
     """Per-unit values to per-token values. values: [..., U], token_unit: [..., T] int32
-    (-1 = no unit) -> [..., T], 0 where token_unit == -1."""
+    (< 0 = no unit) -> [..., T], 0 where token_unit < 0."""
     values, token_unit = jnp.asarray(values), jnp.asarray(token_unit)
     idx = jnp.clip(token_unit, 0, values.shape[-1] - 1)
     picked = jnp.take_along_axis(values, idx, axis=-1)
     return jnp.where(token_unit >= 0, picked, jnp.zeros((), values.dtype))
+
+
+class Units(NamedTuple):
+    """Comparison units of N responses (`response_units`).
+
+    units: [N, U] int32; n_units: [N] int32 covered units; token_unit: [N, T] int32, each
+    token's unit (-1: none, i.e. EOS, padding, leading delimiters; -2: beyond the unit budget);
+    truncated: [N] bool, the response has more units than U (log its mean as
+    units_truncated_frac).
+    """
+
+    units: jax.Array
+    n_units: jax.Array
+    token_unit: jax.Array
+    truncated: jax.Array
+
+
+def _token_granularity(tokens, length, n_slots):
+    units, n_units = jax.vmap(token_units)(tokens, length)
+    width = tokens.shape[1]
+    units = jnp.pad(units, ((0, 0), (0, max(0, n_slots - width))))[:, :n_slots]
+    covered = jnp.minimum(n_units, n_slots)
+    pos = jnp.arange(width)[None, :]
+    token_unit = jnp.where(pos < covered[:, None], pos, jnp.where(pos < length[:, None], -2, -1))
+    return Units(units, covered, token_unit, n_units > n_slots)
+
+
+def response_units(tokens: jax.Array, response_len: jax.Array, ended: jax.Array,
+                   is_delim: jax.Array | None, *, granularity: str = "step",
+                   max_units: int | None = None) -> Units:
+    """Units of a batch of responses for the comparison (DESIGN §1-§2).
+
+    tokens: [N, T] int32 response tokens, response_len: [N] int32 (EOS included when ended),
+    ended: [N] bool (the row ends with EOS), is_delim: [V] bool (step granularity only).
+    The comparison never sees EOS: a row with ended=True drops its last token, a row that ran
+    out of tokens (ended=False) keeps all of them. max_units: unit slots per row, default
+    every unit (token: T; step: (T + 1) // 2); a smaller budget truncates (see `Units`).
+    """
+    tokens = jnp.asarray(tokens)
+    _choice(granularity, GRANULARITIES, "ibpo.granularity")
+    length = (jnp.asarray(response_len) - jnp.asarray(ended).astype(jnp.int32)).astype(jnp.int32)
+    width = tokens.shape[1]
+    if granularity == "token":
+        n_slots = width if max_units is None else _step_budget(width, max_units, "response_units")
+        return _token_granularity(tokens, jnp.maximum(length, 0), n_slots)
+    if is_delim is None:
+        raise ValueError("response_units: granularity='step' needs the tokenizer's is_delim table")
+    n_slots = _step_budget(width, max_units, "response_units")
+    units, n_units, n_steps = jax.vmap(lambda t, n: _split(t, n, is_delim, n_slots))(tokens, length)
+    token_unit = jax.vmap(lambda t, n: token_unit_index(t, n, is_delim, max_units=n_slots))(
+        tokens, length)
+    return Units(units, n_units, token_unit, n_steps > n_units)
+
+
+def token_delta(delta: jax.Array, phi: jax.Array, token_unit: jax.Array,
+                loss_len: jax.Array) -> jax.Array:
+    """Per-token credit whose mean over the loss tokens is φ_i (DESIGN §2, last paragraph).
+
+    delta: [N, U] per-unit Δ, phi: [N], token_unit: [N, T] (`Units.token_unit`), loss_len: [N]
+    tokens the loss averages over (EOS included). Each covered token inherits its unit's Δ,
+    scaled per response by s_i so that the token mean is φ_i: the per-token credit
+    redistributes φ along the response without changing its total. EOS (and tokens of no unit)
+    get 0, tokens past the unit budget (-2) get φ_i itself (no alignment there), padding 0.
+    Returns [N, T] float32; rows with φ_i = 0 are all 0, never NaN.
+    """
+    phi = jnp.asarray(phi, jnp.float32)
+    raw = units_to_tokens(jnp.asarray(delta, jnp.float32), token_unit)
+    in_loss = jnp.arange(token_unit.shape[-1])[None, :] < jnp.asarray(loss_len)[:, None]
+    tail = in_loss & (token_unit == -2)
+    scaled = in_loss & ~tail  # covered tokens, EOS, leading delimiters
+    n_scaled = jnp.sum(scaled, axis=-1).astype(jnp.float32)
+    scale = safe_div(phi * n_scaled, jnp.sum(jnp.where(scaled, raw, 0.0), axis=-1))
+    out = jnp.where(tail, phi[:, None], raw * scale[:, None])
+    return jnp.where(in_loss, out, 0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -228,11 +346,12 @@ class Phi(NamedTuple):
 
     phi: [G] float32 in [0, 1]; 0 for correct responses and when the group has no correct one.
     delta: [G, U] float32 per-unit credit; its mean over the first n_i units is exactly phi_i.
-    first_error: [G] int32. Wrong non-empty i with a correct peer: f_{i j*}, the first-error
-        position against the best match j* of the operator; correct i: n_i; any other wrong i
-        (empty, or no correct response in the group): 0.
-    best_match: [G] int32, j* (lowest index among ties); -1 for correct i, empty i and when the
-        group has no correct response.
+    first_error: [G] int32. Wrong non-empty i with a correct peer: e_{i j*}, the first error
+        (under the chosen alignment) against the best match j*; correct i: n_i; any other wrong
+        i (empty, or no correct response in the group): 0.
+    best_match: [G] int32, j* = argmax_j of the operator's score (lowest index among ties; also
+        reported for reduce="mean"); -1 for correct i, empty i and when the group has no
+        correct response.
     """
 
     phi: jax.Array
@@ -247,9 +366,7 @@ def _group_pairs(units, n_units):
     g, n = units.shape
     a = jnp.broadcast_to(units[:, None, :], (g, g, n)).reshape(g * g, n)
     b = jnp.broadcast_to(units[None, :, :], (g, g, n)).reshape(g * g, n)
-    la = jnp.repeat(n_units, g)
-    lb = jnp.tile(n_units, g)
-    return a, b, la, lb
+    return a, b, jnp.repeat(n_units, g), jnp.tile(n_units, g)
 
 
 def _check_group(units, n_units, correct) -> None:
@@ -261,44 +378,53 @@ def _check_group(units, n_units, correct) -> None:
                          f"{n_units.shape} and {correct.shape}")
 
 
-def _finish(score, f, n_units, correct) -> Phi:
-    """Max over correct j of score [G, G] -> Phi (delta filled in by `_with_delta`).
-    f: first-error positions [G, G]."""
+def _first_errors(units, n_units, alignment):
+    """(LCS [G, G], e [G, G]) of every (i, j) pair of the group, one kernel call."""
+    g = units.shape[0]
+    lcs, e = _LCS_PAIRS[alignment](*_group_pairs(units, n_units))
+    return lcs.reshape(g, g), e.reshape(g, g)
+
+
+def _reduce(score, e, n_units, correct, reduce: str) -> Phi:
+    """Reduction over correct j of score [G, G] -> Phi (Δ from `_with_delta`).
+    e: first errors [G, G]."""
     g = score.shape[0]
-    any_correct = jnp.any(correct)
-    masked = jnp.where(correct[None, :], score, -jnp.inf)
-    best = jnp.argmax(masked, axis=1).astype(jnp.int32)  # lowest j among ties
-    has_match = ~correct & any_correct & (n_units > 0)
-    phi = jnp.where(has_match, jnp.take_along_axis(score, best[:, None], 1)[:, 0], 0.0)
-    phi = phi.astype(jnp.float32)
-    f_best = jnp.take_along_axis(f, best[:, None], 1)[:, 0]
-    first_error = jnp.where(correct, n_units, jnp.where(has_match, f_best, 0)).astype(jnp.int32)
+    has_match = ~correct & jnp.any(correct) & (n_units > 0)
+    best = jnp.argmax(jnp.where(correct[None, :], score, -jnp.inf), axis=1).astype(jnp.int32)
+    e_best = jnp.take_along_axis(e, best[:, None], 1)[:, 0]
+    weight = correct[None, :].astype(jnp.float32)  # [1, G]: mean over correct j
+    if reduce == "max":
+        phi = jnp.take_along_axis(score, best[:, None], 1)[:, 0]
+    else:
+        phi = safe_div(jnp.sum(score * weight, 1), jnp.sum(weight))
+    phi = jnp.where(has_match, phi, 0.0).astype(jnp.float32)
+    first_error = jnp.where(correct, n_units, jnp.where(has_match, e_best, 0)).astype(jnp.int32)
     return Phi(phi=phi, delta=jnp.zeros((g, 0), jnp.float32), first_error=first_error,
                best_match=jnp.where(has_match, best, -1))
 
 
-def _safe_div(x, d):
-    return x / jnp.maximum(d, 1).astype(jnp.float32)
-
-
-def _with_delta(phi: Phi, n_slots: int, n_units, *, first_error_delta: bool) -> Phi:
-    slot = jnp.arange(n_slots)[None, :]
-    in_unit = slot < n_units[:, None]
-    if first_error_delta:
-        # Δ_iu = 1 before the first error of the best match, 0 from it on (mean = f / n = φ)
-        delta = (slot < phi.first_error[:, None]) & in_unit & (phi.phi[:, None] > 0)
-        delta = delta.astype(jnp.float32)
-    else:
-        # `lcs` / `edit_distance`: φ is not a prefix length, so a prefix indicator would not
-        # average to φ; the credit is spread uniformly (mean Δ = φ, token credit = sequence).
-        delta = jnp.where(in_unit, phi.phi[:, None], 0.0)
-    return phi._replace(delta=delta)
+def _with_delta(out: Phi, e, n_units, correct, n_slots: int, reduce: str, *,
+                prefix_delta: bool) -> Phi:
+    """Δ [G, U] whose mean over the n_i units is φ_i (DESIGN §2)."""
+    slot = jnp.arange(n_slots)
+    in_unit = slot[None, :] < n_units[:, None]
+    if not prefix_delta:
+        # `lcs` / `edit_distance`: φ is not a prefix length, so the credit is spread uniformly
+        return out._replace(delta=jnp.where(in_unit, out.phi[:, None], 0.0))
+    live = (out.phi > 0)[:, None]
+    if reduce == "max":  # 1 before the first error of j*, 0 from it on
+        delta = (slot[None, :] < out.first_error[:, None]).astype(jnp.float32)
+    else:  # the fraction of correct j whose first error lies past the unit
+        before = (slot[None, None, :] < e[:, :, None]) & correct[None, :, None]  # [G, G, U]
+        delta = safe_div(jnp.sum(before, 1).astype(jnp.float32), jnp.sum(correct))
+    return out._replace(delta=jnp.where(in_unit & live, delta, 0.0).astype(jnp.float32))
 
 
 @OPERATORS.register("terminal")
-def phi_terminal(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> Phi:
+def phi_terminal(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                 alignment: str = "lcs", reduce: str = "max") -> Phi:
     """φ = 0 for every response: IBPO reduces to its base optimizer (DESIGN §2, Table 2a)."""
-    _check_group(units, n_units, correct)
+    del alignment, reduce
     g, n_slots = units.shape
     return Phi(phi=jnp.zeros((g,), jnp.float32), delta=jnp.zeros((g, n_slots), jnp.float32),
                first_error=jnp.where(correct, n_units, 0).astype(jnp.int32),
@@ -306,52 +432,55 @@ def phi_terminal(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> Ph
 
 
 @OPERATORS.register("lcs")
-def phi_lcs(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> Phi:
-    """φ_i = max_j LCS(u_i, u_j) / n_i over correct j (DESIGN §2, paper §3.2); Δ uniform."""
-    _check_group(units, n_units, correct)
-    lcs, f = jax.vmap(lcs_first_error)(*_group_pairs(units, n_units))
-    g = units.shape[0]
-    score = _safe_div(lcs.reshape(g, g), n_units[:, None])
-    out = _finish(score, f.reshape(g, g), n_units, correct)
-    return _with_delta(out, units.shape[1], n_units, first_error_delta=False)
+def phi_lcs(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+            alignment: str = "lcs", reduce: str = "max") -> Phi:
+    """φ_i = reduce_j LCS(u_i, u_j) / n_i over correct j (DESIGN §2, paper §3.2); Δ uniform.
+    first_error reports e_{i j*} under `alignment`."""
+    lcs, e = _first_errors(units, n_units, alignment)
+    out = _reduce(safe_div(lcs, n_units[:, None]), e, n_units, correct, reduce)
+    return _with_delta(out, e, n_units, correct, units.shape[1], reduce, prefix_delta=False)
 
 
 @OPERATORS.register("lcs_first_error")
-def phi_lcs_first_error(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> Phi:
-    """φ_i = max_j f_ij / n_i over correct j, f_ij the first-error position (DESIGN §2,
-    Table 2a row 3); Δ_iu = 1 for units before f_ij*, 0 from the first error on."""
-    _check_group(units, n_units, correct)
-    _, f = jax.vmap(lcs_first_error)(*_group_pairs(units, n_units))
-    g = units.shape[0]
-    f = f.reshape(g, g)
-    out = _finish(_safe_div(f, n_units[:, None]), f, n_units, correct)
-    return _with_delta(out, units.shape[1], n_units, first_error_delta=True)
+def phi_lcs_first_error(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                        alignment: str = "lcs", reduce: str = "max") -> Phi:
+    """φ_i = reduce_j e_ij / n_i over correct j, e_ij the first error under `alignment`
+    (DESIGN §2, Table 2a row 3); Δ_iu = [u < e_ij*] (max) or its mean over correct j (mean)."""
+    _, e = _first_errors(units, n_units, alignment)
+    out = _reduce(safe_div(e, n_units[:, None]), e, n_units, correct, reduce)
+    return _with_delta(out, e, n_units, correct, units.shape[1], reduce, prefix_delta=True)
 
 
 @OPERATORS.register("edit_distance")
-def phi_edit_distance(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> Phi:
-    """φ_i = max_j 1 - Lev(u_i, u_j) / max(n_i, n_j) over correct j (DESIGN §2, Table 2a
-    row 2, no alignment step); Δ uniform. first_error still reports f_{i j*}."""
-    _check_group(units, n_units, correct)
+def phi_edit_distance(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                      alignment: str = "lcs", reduce: str = "max") -> Phi:
+    """φ_i = reduce_j 1 - Lev(u_i, u_j) / max(n_i, n_j) over correct j (DESIGN §2, Table 2a
+    row 2, no alignment step); Δ uniform. first_error reports e_{i j*} under `alignment`."""
     pairs = _group_pairs(units, n_units)
-    lev = jax.vmap(edit_distance)(*pairs)
-    _, f = jax.vmap(lcs_first_error)(*pairs)
     g = units.shape[0]
-    longest = jnp.maximum(n_units[:, None], n_units[None, :])
-    score = 1.0 - _safe_div(lev.reshape(g, g), longest)
-    out = _finish(score, f.reshape(g, g), n_units, correct)
-    return _with_delta(out, units.shape[1], n_units, first_error_delta=False)
+    lev = _lev_pairs(*pairs).reshape(g, g)
+    _, e = _first_errors(units, n_units, alignment)
+    score = 1.0 - safe_div(lev, jnp.maximum(n_units[:, None], n_units[None, :]))
+    out = _reduce(score, e, n_units, correct, reduce)
+    return _with_delta(out, e, n_units, correct, units.shape[1], reduce, prefix_delta=False)
 
 
 def compute_phi(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
-                operator: str = "lcs_first_error") -> Phi:
+                operator: str = "lcs_first_error", alignment: str = "lcs",
+                reduce: str = "max") -> Phi:
     """φ, Δ, first errors and best matches of ONE group (DESIGN §2); vmap for a batch.
 
-    units: [G, U] int32 unit ids (from `split_steps` or `token_units`), n_units: [G] int32,
-    correct: [G] bool. operator: a name in `registry.OPERATORS` ("terminal", "edit_distance",
-    "lcs", "lcs_first_error"). Under jax.vmap (units [B, G, U]) all B·G² pairs run in one
-    kernel call.
+    units: [G, U] int32 unit ids (from `response_units`, `split_steps` or `token_units`; give
+    every unit a slot, see the module docstring), n_units: [G] int32, correct: [G] bool.
+    operator: a name in `registry.OPERATORS` ("terminal", "edit_distance", "lcs",
+    "lcs_first_error"); alignment: "lcs" | "prefix" (the first-error rule); reduce: "max" |
+    "mean" (over the group's correct responses). Under jax.vmap (units [B, G, U]) all B·G²
+    pairs run in one kernel call.
     """
-    fn = OPERATORS.get(operator, key="comparison.operator")
+    fn = OPERATORS.get(operator, key="ibpo.operator")
+    _choice(alignment, ALIGNMENTS, "ibpo.alignment")
+    _choice(reduce, REDUCTIONS, "ibpo.reduce")
     units, n_units, correct = map(jnp.asarray, (units, n_units, correct))
-    return fn(units.astype(jnp.int32), n_units.astype(jnp.int32), correct.astype(bool))
+    _check_group(units, n_units, correct)
+    return fn(units.astype(jnp.int32), n_units.astype(jnp.int32), correct.astype(bool),
+              alignment=alignment, reduce=reduce)

@@ -1,5 +1,9 @@
-"""Tests for ibpo_jax.comparison: the bit-parallel kernels against rapidfuzz and a greedy
-subsequence reference, φ/Δ on hand-built groups, and the step splitting/hashing."""
+"""Tests for ibpo_jax.comparison: the bit-parallel kernels against rapidfuzz, a greedy
+subsequence reference (prefix rule) and a literal DP of DESIGN §2's LCS-alignment first error;
+φ/Δ on hand-built groups and against a reference over small alphabets; unit budgets, token
+credit and EOS handling; the step splitting/hashing."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,12 +21,14 @@ PAD = 320  # static padded length of every kernel test input (11 words of 31 bit
 N_EXAMPLE = 8  # pairs drawn per hypothesis example
 TILE = 8  # ... each repeated TILE times with different padding: 64 pairs
 
-_lcs = jax.jit(jax.vmap(C.lcs_first_error))
+_lcs = jax.jit(jax.vmap(C.lcs_first_error))  # alignment="lcs", the default
+_lcs_prefix = jax.jit(jax.vmap(functools.partial(C.lcs_first_error, alignment="prefix")))
 _lev = jax.jit(jax.vmap(C.edit_distance))
-_lcs1 = jax.jit(C.lcs_first_error)
+_lcs1 = jax.jit(C.lcs_first_error, static_argnames="alignment")
 # the public path splits 64 pairs into chunks of 32 (one 11-word stripe each); the unchunked
 # kernels on 64 pairs use 2 stripes of 6 words, so the stripe hand-over is covered too
 _lcs_stripes = jax.jit(_bitparallel._lcs_first_error_chunk)
+_align_stripes = jax.jit(_bitparallel._lcs_alignment_chunk)
 _lev_stripes = jax.jit(_bitparallel._levenshtein_chunk)
 _lev1 = jax.jit(C.edit_distance)
 
@@ -37,6 +43,30 @@ def first_error_ref(a, b):
             return k
         j += 1
     return len(a)
+
+
+def _lcs_rows(a, b):
+    """F [len(a) + 1, len(b) + 1] with F[k, q] = LCS(a[:k], b[:q]) (rows are nondecreasing, so
+    row k + 1 = running max of max(row k, row k shifted by one + match))."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    f = np.zeros((len(a) + 1, len(b) + 1), np.int64)
+    for k, x in enumerate(a):
+        cand = f[k].copy()
+        cand[1:] = np.maximum(cand[1:], f[k, :-1] + (b == x))
+        f[k + 1] = np.maximum.accumulate(cand)
+    return f
+
+
+def alignment_ref(a, b):
+    """(L, e) by DESIGN §2's definition, literally: e = max{k : ∃q, LCS(a[:k], b[:q]) = k and
+    k + LCS(a[k:], b[q:]) = L}, over every (k, q), with the full forward and backward tables."""
+    fwd = _lcs_rows(a, b)  # fwd[k, q] = LCS(a[:k], b[:q])
+    bwd = _lcs_rows(a[::-1], b[::-1])[::-1, ::-1]  # bwd[k, q] = LCS(a[k:], b[q:])
+    n, m = len(a), len(b)
+    lcs = int(fwd[n, m])
+    k = np.arange(n + 1)[:, None]
+    ok = (fwd == k) & (k + bwd == lcs)
+    return lcs, int(np.max(np.nonzero(ok.any(axis=1))[0]))
 
 
 # word boundaries of the 31-bit words (and of 32/64-bit ones for good measure)
@@ -71,15 +101,22 @@ def test_kernels_match_rapidfuzz(pairs, seed):
     b = _padded([p[1] for p in pairs], rng)
     la = np.array([len(p[0]) for p in pairs], np.int32)
     lb = np.array([len(p[1]) for p in pairs], np.int32)
-    lcs, fe = map(np.asarray, _lcs(a, b, la, lb))
+    lcs, e = map(np.asarray, _lcs(a, b, la, lb))
+    lcs_p, fe = map(np.asarray, _lcs_prefix(a, b, la, lb))
     lev = np.asarray(_lev(a, b, la, lb))
-    for got, want in zip(_lcs_stripes(a, b, la, lb), (lcs, fe)):
+    for got, want in zip(_lcs_stripes(a, b, la, lb), (lcs_p, fe)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(_align_stripes(a, b, la, lb), (lcs, e)):
         np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(_lev_stripes(a, b, la, lb), lev)
-    for i, (x, y) in enumerate(pairs):
-        assert lcs[i] == LCSseq.similarity(x, y), (i, len(x), len(y))
+    for i, (x, y) in enumerate(pairs[:N_EXAMPLE]):  # the TILE copies are checked equal below
+        assert lcs[i] == lcs_p[i] == LCSseq.similarity(x, y), (i, len(x), len(y))
         assert lev[i] == Levenshtein.distance(x, y), (i, len(x), len(y))
         assert fe[i] == first_error_ref(x, y), (i, len(x), len(y))
+        assert (lcs[i], e[i]) == alignment_ref(x, y), (i, x, y)
+    for out in (lcs, e, fe, lev):  # same pairs with other padding garbage: same answers
+        np.testing.assert_array_equal(out.reshape(TILE, N_EXAMPLE),
+                                      np.tile(out[:N_EXAMPLE], (TILE, 1)))
 
 
 def test_kernels_on_long_pairs_many_stripes():
@@ -92,13 +129,16 @@ def test_kernels_on_long_pairs_many_stripes():
     la = rng.integers(length - 100, length + 1, n).astype(np.int32)
     lb = rng.integers(0, length + 1, n).astype(np.int32)
     lb[:4] = [0, 1, 31, 62]
-    lcs, fe = map(np.asarray, _lcs(a, b, la, lb))
+    lcs, e = map(np.asarray, _lcs(a, b, la, lb))
+    fe = np.asarray(_lcs_prefix(a, b, la, lb)[1])
     lev = np.asarray(_lev(a, b, la, lb))
     for i in range(n):
         x, y = list(a[i, : la[i]]), list(b[i, : lb[i]])
         assert lcs[i] == LCSseq.similarity(x, y)
         assert lev[i] == Levenshtein.distance(x, y)
         assert fe[i] == first_error_ref(x, y)
+        if i % 8 == 0:  # the O(n m) Python reference is slow at this length
+            assert (lcs[i], e[i]) == alignment_ref(x, y)
     # a small batch takes the other stripe shape (32 words per stripe instead of 8)
     small = [x[:4] for x in (a, b, la, lb)]
     np.testing.assert_array_equal(jax.jit(jax.vmap(C.lcs_first_error))(*small)[0], lcs[:4])
@@ -126,6 +166,26 @@ def test_pair_functions_unbatched_and_nested_vmap():
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
+def test_first_error_follows_the_optimal_alignment():
+    """DESIGN §2's example: the leading 5 is in no optimal alignment (L = 4 = 1 2 3 4), so the
+    first unmatched unit is unit 0; the v1 prefix rule matched "5" to b's last unit and says 1."""
+    a = jnp.array([5, 1, 2, 3, 4], jnp.int32)
+    b = jnp.array([1, 2, 3, 4, 5], jnp.int32)
+    assert tuple(map(int, _lcs1(a, b, 5, 5))) == (4, 0)
+    assert tuple(map(int, _lcs1(a, b, 5, 5, alignment="prefix"))) == (4, 1)
+    assert alignment_ref([5, 1, 2, 3, 4], [1, 2, 3, 4, 5]) == (4, 0)
+    # repeats: a = 1 2 1 2, b = 2 1 2: L = 3 only as a[1:] = 2 1 2; keeping a[0] (at b[1])
+    # leaves LCS(2 1 2, 2) = 1 and 1 + 1 < 3, so e = 0; the prefix rule embeds "1 2" (f = 2)
+    c, d = jnp.array([1, 2, 1, 2]), jnp.array([2, 1, 2])
+    assert tuple(map(int, _lcs1(c, d, 4, 3))) == (3, 0)
+    assert tuple(map(int, _lcs1(c, d, 4, 3, alignment="prefix"))) == (3, 2)
+    assert alignment_ref([1, 2, 1, 2], [2, 1, 2]) == (3, 0)
+    # a fully embedded a: e = n under both rules
+    assert tuple(map(int, _lcs1(jnp.array([1, 3]), jnp.array([1, 2, 3]), 2, 3))) == (2, 2)
+    with pytest.raises(ValueError, match="ibpo.alignment"):
+        C.lcs_first_error(a, b, 5, 5, alignment="greedy")
+
+
 def test_bad_pair_input_raises():
     with pytest.raises(ValueError, match="a \\[La\\]"):
         C.lcs_first_error(jnp.zeros((2, 3), jnp.int32), jnp.zeros(3, jnp.int32), 1, 1)
@@ -142,6 +202,13 @@ def _phi(op):
 
 
 _PHI = {op: _phi(op) for op in ("terminal", "lcs", "lcs_first_error", "edit_distance")}
+_SMALL_U = 12
+_PHI_VARIANTS = {(op, al, red): jax.jit(functools.partial(C.compute_phi, operator=op,
+                                                           alignment=al, reduce=red))
+                 for op in ("lcs", "lcs_first_error", "edit_distance")
+                 for al in ("lcs", "prefix") for red in ("max", "mean")}
+
+
 
 # a hand-built group of 5 responses (unit ids), response 0 and 3 correct
 _UNITS = np.array([[1, 2, 3, 4, 0],
@@ -174,9 +241,9 @@ def test_phi_hand_built_group():
     np.testing.assert_array_equal(term.delta, 0)
 
 
-@pytest.mark.parametrize("op", sorted(_PHI))
+@pytest.mark.parametrize("op", sorted(_PHI) + [v for v in _PHI_VARIANTS if v[1:] != ("lcs", "max")])
 def test_phi_degenerate_groups(op):
-    fn = _PHI[op]
+    fn = _PHI[op] if isinstance(op, str) else _PHI_VARIANTS[op]
     for correct in (np.ones(5, bool), np.zeros(5, bool)):  # all correct / no correct response
         out = fn(_UNITS, _N, correct)
         np.testing.assert_array_equal(out.phi, 0)
@@ -206,27 +273,75 @@ def test_phi_ties_pick_lowest_correct_index():
     assert int(_PHI["lcs_first_error"](units, n, correct).best_match[2]) == 0
 
 
-def _phi_reference(units, n, correct, op):
-    """(φ, j*) from rapidfuzz / the greedy reference, straight from the DESIGN §2 table."""
-    g = len(n)
-    phi = np.zeros(g)
-    best = np.full(g, -1)
+def _phi_reference(units, n, correct, op, alignment="lcs", reduce="max"):
+    """(φ, j*, Δ) from rapidfuzz / the literal references, straight from the DESIGN §2 table."""
+    g, u = units.shape
+    phi, best, delta = np.zeros(g), np.full(g, -1), np.zeros((g, u))
     for i in range(g):
         if correct[i] or not correct.any() or n[i] == 0:
             continue
         x = list(units[i, : n[i]])
-        scores = []
+        scores, prefixes = [], []
         for j in np.nonzero(correct)[0]:
             y = list(units[j, : n[j]])
+            e = alignment_ref(x, y)[1] if alignment == "lcs" else first_error_ref(x, y)
+            prefixes.append(np.arange(u) < e)
             if op == "lcs":
                 scores.append(LCSseq.similarity(x, y) / n[i])
             elif op == "lcs_first_error":
-                scores.append(first_error_ref(x, y) / n[i])
+                scores.append(e / n[i])
             else:
                 scores.append(1 - Levenshtein.distance(x, y) / max(n[i], n[j]))
-        phi[i] = max(scores)
-        best[i] = np.nonzero(correct)[0][int(np.argmax(scores))]  # first max = lowest j
-    return phi, best
+        top = int(np.argmax(scores))  # first max = lowest j
+        best[i] = np.nonzero(correct)[0][top]
+        phi[i] = max(scores) if reduce == "max" else np.mean(scores)
+        if op != "lcs_first_error":
+            delta[i, : n[i]] = phi[i]
+        elif phi[i] > 0:
+            delta[i] = prefixes[top] if reduce == "max" else np.mean(prefixes, axis=0)
+    return phi, best, delta
+
+
+@st.composite
+def _group(draw):
+    """A group over a tiny alphabet (many ties and repeats), some responses empty."""
+    g = draw(st.integers(2, 6))
+    vocab = draw(st.integers(1, 3))
+    n = draw(st.lists(st.integers(0, _SMALL_U), min_size=g, max_size=g))
+    units = np.array(draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=_SMALL_U,
+                                            max_size=_SMALL_U), min_size=g, max_size=g)), np.int32)
+    correct = np.array(draw(st.lists(st.booleans(), min_size=g, max_size=g)))
+    return units, np.array(n, np.int32), correct
+
+
+@settings(max_examples=60, deadline=None)
+@given(group=_group(), variant=st.sampled_from(sorted(_PHI_VARIANTS)))
+def test_phi_matches_reference_small_alphabets(group, variant):
+    units, n, correct = group
+    out = _PHI_VARIANTS[variant](units, n, correct)
+    phi, best, delta = _phi_reference(units, n, correct, *variant)
+    np.testing.assert_allclose(out.phi, phi, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(out.best_match, best)
+    np.testing.assert_allclose(out.delta, delta, rtol=1e-6, atol=1e-7)
+    assert np.isfinite(np.asarray(out.phi)).all()
+
+
+def test_reduce_mean_and_max_by_hand():
+    """wrong [1 2 3 9] vs correct [1 2 3 4] (e = 3) and [1 7 7 7] (e = 1)."""
+    units = np.array([[1, 2, 3, 9], [1, 2, 3, 4], [1, 7, 7, 7]], np.int32)
+    n = np.array([4, 4, 4], np.int32)
+    correct = np.array([False, True, True])
+    top = _PHI_VARIANTS["lcs_first_error", "lcs", "max"](units, n, correct)
+    mean = _PHI_VARIANTS["lcs_first_error", "lcs", "mean"](units, n, correct)
+    np.testing.assert_allclose(top.phi, [0.75, 0, 0])
+    np.testing.assert_allclose(top.delta[0], [1, 1, 1, 0])
+    np.testing.assert_allclose(mean.phi, [0.5, 0, 0])  # (3/4 + 1/4) / 2
+    np.testing.assert_allclose(mean.delta[0], [1, 0.5, 0.5, 0])
+    assert int(top.best_match[0]) == int(mean.best_match[0]) == 1
+    lcs_mean = _PHI_VARIANTS["lcs", "lcs", "mean"](units, n, correct)
+    np.testing.assert_allclose(lcs_mean.phi, [0.5, 0, 0])  # LCS 3 and 1 of 4
+    with pytest.raises(ValueError, match="ibpo.reduce"):
+        C.compute_phi(units, n, correct, reduce="median")
 
 
 @pytest.mark.parametrize("op", ["lcs", "lcs_first_error", "edit_distance"])
@@ -243,7 +358,7 @@ def test_phi_batch_matches_reference_and_single_group_calls(op):
         single = _PHI[op](units[k], n[k], correct[k])
         for field in C.Phi._fields:
             np.testing.assert_array_equal(getattr(batched, field)[k], getattr(single, field))
-        phi_ref, best_ref = _phi_reference(units[k], n[k], correct[k], op)
+        phi_ref, best_ref, _ = _phi_reference(units[k], n[k], correct[k], op)
         np.testing.assert_allclose(batched.phi[k], phi_ref, rtol=1e-6, atol=1e-7)
         np.testing.assert_array_equal(batched.best_match[k], best_ref)
         # Δ is zero past n_i and its mean over the n_i units is φ_i
@@ -294,7 +409,7 @@ def test_split_steps_structure():
     #              step0   |d| step1 |d  d| step2|  d | garbage past length
     toks = np.array([5, 6, D, 7, 11, D, 5, 6, D, 3, 3, 3], np.int32)
     units, n = _split(toks, 9, IS_DELIM)
-    assert int(n) == 3 and units.shape == (12,)
+    assert int(n) == 3 and units.shape == (6,)  # default budget (T + 1) // 2
     assert units[0] == units[2] and units[0] != units[1]  # "5 6" twice, at different offsets
     np.testing.assert_array_equal(units[3:], 0)
     np.testing.assert_array_equal(_index(toks, 9, IS_DELIM),
@@ -322,7 +437,7 @@ def test_split_steps_edge_cases():
     full, n_full = _split(toks, 7, IS_DELIM)
     assert units.shape == (2,) and int(n) == 2 and int(n_full) == 4
     np.testing.assert_array_equal(units, full[:2])
-    np.testing.assert_array_equal(_index(toks, 7, IS_DELIM, max_units=2), [0, 0, 1, 1, -1, -1, -1])
+    np.testing.assert_array_equal(_index(toks, 7, IS_DELIM, max_units=2), [0, 0, 1, 1, -2, -2, -2])
     with pytest.raises(ValueError, match="max_units"):
         C.split_steps(toks, 7, IS_DELIM, max_units=0)
 
@@ -363,3 +478,105 @@ def test_token_granularity_end_to_end():
     out = _PHI["lcs_first_error"](units, n, np.array([True, False]))
     np.testing.assert_allclose(out.phi, [0, 0.75])
     np.testing.assert_array_equal(out.delta[1], [1, 1, 1, 0, 0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit budget, EOS and token credit
+
+EOS = 15
+_resp_units = jax.jit(C.response_units, static_argnames=("granularity", "max_units"))
+
+
+def _steps(*steps, tail=()):
+    """Token row of the given steps, each closed by a delimiter, then `tail` tokens."""
+    return [t for s in steps for t in (*s, D)] + list(tail)
+
+
+def _phi_of(rows, ended, correct, granularity="step", max_units=None):
+    width = max(map(len, rows))
+    toks = np.array([r + [0] * (width - len(r)) for r in rows], np.int32)
+    lens = np.array([len(r) for r in rows], np.int32)
+    u = _resp_units(toks, lens, np.asarray(ended), IS_DELIM, granularity=granularity,
+                    max_units=max_units)
+    return u, _PHI["lcs_first_error"](u.units, u.n_units, np.asarray(correct))
+
+
+def test_default_budget_covers_every_unit_and_caps_are_flagged():
+    """A wrong response whose first 4 of 5 steps are right: φ = 4/5 at every budget that holds
+    its 5 steps (a cap must not change it); a cap of 2 covers 2 of them and is flagged."""
+    right = _steps([1], [2], [3], [4], [5], [6])
+    wrong = _steps([1], [2], [3], [4], [9])
+    rows = [right, wrong]
+    for budget in (None, 5, 8):
+        u, out = _phi_of(rows, [False, False], [True, False], max_units=budget)
+        np.testing.assert_allclose(out.phi, [0, 0.8])
+        np.testing.assert_array_equal(u.truncated, [budget == 5, False])  # right has 6 steps
+        np.testing.assert_array_equal(out.delta[1, :5], [1, 1, 1, 1, 0])
+    assert _resp_units(np.array([rows[0]], np.int32), np.array([12]), np.array([False]),
+                       IS_DELIM).units.shape == (1, 6)  # (T + 1) // 2 slots
+    u, out = _phi_of(rows, [False, False], [True, False], max_units=2)
+    np.testing.assert_array_equal(u.truncated, [True, True])
+    np.testing.assert_array_equal(u.n_units, [2, 2])
+    np.testing.assert_allclose(out.phi, [0, 1.0])  # the uncovered tail is out of φ's denominator
+    np.testing.assert_array_equal(u.token_unit[1], [0, 0, 1, 1] + [-2] * 6 + [-1] * 2)
+    # worst case for steps: one-token steps between single delimiters, T odd and even
+    for width in (1, 2, 7, 8):
+        toks = np.array([[1 + (t % 3) if t % 2 == 0 else D for t in range(width)]], np.int32)
+        uw = _resp_units(toks, np.array([width]), np.array([False]), IS_DELIM)
+        assert int(uw.n_units[0]) == (width + 1) // 2 and not bool(uw.truncated[0])
+    # token granularity: the budget defaults to the response width
+    tok = _resp_units(np.array([wrong], np.int32), np.array([10]), np.array([False]), None,
+                      granularity="token")
+    assert tok.units.shape == (1, 10) and int(tok.n_units[0]) == 10
+    cap = _resp_units(np.array([wrong], np.int32), np.array([10]), np.array([True]), None,
+                      granularity="token", max_units=4)
+    assert int(cap.n_units[0]) == 4 and bool(cap.truncated[0])
+    np.testing.assert_array_equal(cap.token_unit[0], [0, 1, 2, 3, -2, -2, -2, -2, -2, -1])
+
+
+def test_comparison_ignores_eos_only_on_ended_rows():
+    """ended=True: the last token (EOS) is out of the units, whatever it is; ended=False (the
+    row ran out of tokens): every token counts, so its last unit can be an error."""
+    right = _steps([1], [2], [3])
+    wrong = _steps([1], [2]) + [7]  # a third step "7" with no closing delimiter
+    for granularity in ("step", "token"):
+        ended, _ = _phi_of([right + [EOS], wrong + [EOS]], [True, True], [True, False],
+                           granularity)
+        plain, _ = _phi_of([right, wrong], [False, False], [True, False], granularity)
+        np.testing.assert_array_equal(ended.n_units, plain.n_units)
+        for a, b, n in zip(ended.units, plain.units, plain.n_units):
+            np.testing.assert_array_equal(np.asarray(a)[:n], np.asarray(b)[:n])
+        assert (np.asarray(ended.token_unit)[:, -1] == -1).all()  # EOS has no unit
+    _, out = _phi_of([right, wrong], [False, False], [True, False])
+    np.testing.assert_allclose(out.phi, [0, 2 / 3])  # "7" (kept: not an EOS) is the error
+    _, out = _phi_of([right, wrong], [False, True], [True, False])
+    np.testing.assert_allclose(out.phi, [0, 1.0])  # had it been EOS, nothing is wrong
+    with pytest.raises(ValueError, match="ibpo.granularity"):
+        C.response_units(np.zeros((1, 3), np.int32), [3], [False], IS_DELIM, granularity="word")
+
+
+def test_token_delta_keeps_phi_as_the_token_mean():
+    """Steps of 3, 1 and 4 tokens (+ delimiters) and EOS, first error at step 2: φ = 2/3, the
+    unit indicators [1 1 0] cover 4 + 2 = 6 of the 11 loss tokens, so each is scaled by
+    (2/3) * 11 / 6; their token mean is φ, and their relative weights are kept."""
+    row = _steps([1, 1, 1], [2], [3, 3, 3, 3]) + [EOS]
+    assert len(row) == 12
+    u = _resp_units(np.array([row], np.int32), np.array([12]), np.array([True]), IS_DELIM)
+    delta_units = np.zeros((1, u.units.shape[1]), np.float32)
+    delta_units[0, :2] = 1
+    phi = np.array([2 / 3], np.float32)
+    got = np.asarray(jax.jit(C.token_delta)(delta_units, phi, u.token_unit, np.array([12])))
+    scale = (2 / 3) * 12 / 6
+    np.testing.assert_allclose(got[0], [scale] * 6 + [0] * 6, rtol=1e-6)
+    np.testing.assert_allclose(got[0].mean(), 2 / 3, rtol=1e-6)
+    # uncovered tail tokens get φ itself; the covered part keeps the token mean at φ
+    cap = _resp_units(np.array([row], np.int32), np.array([12]), np.array([True]), IS_DELIM,
+                      max_units=2)
+    got = np.asarray(C.token_delta(np.array([[1.0, 0.0]]), phi, cap.token_unit, np.array([12])))
+    np.testing.assert_allclose(got[0, 6:11], 2 / 3, rtol=1e-6)
+    np.testing.assert_allclose(got[0].mean(), 2 / 3, rtol=1e-6)
+    assert got[0, 11] == 0  # EOS
+    # φ = 0, or no loss tokens: all zero, never NaN
+    zero = C.token_delta(np.zeros((2, 6)), np.zeros(2), u.token_unit.repeat(2, 0),
+                         np.array([12, 0]))
+    np.testing.assert_array_equal(zero, 0)
