@@ -142,3 +142,20 @@ def test_rl_step_halves_the_response_length_when_out_of_memory(monkeypatch):
     with pytest.raises(TypeError, match="an API change"):
         check.section_rl_step(rep, check.TINY, 100.0, cfg_for, 1e9)
     assert tried == [48]
+
+
+def test_fits_predicts_out_of_memory_from_the_buffer_assignment():
+    """`fits` compares XLA's temp + output (less aliased) bytes with the device's free bytes,
+    and stays silent where the device reports no memory (CPU)."""
+    from types import SimpleNamespace
+
+    check = _load_script()
+    compiled = SimpleNamespace(memory_analysis=lambda: SimpleNamespace(
+        temp_size_in_bytes=60e9, output_size_in_bytes=10e9, alias_size_in_bytes=8e9))
+    gpu = lambda in_use: SimpleNamespace(  # noqa: E731
+        memory_stats=lambda: {"bytes_limit": 80e9, "bytes_in_use": in_use})
+    check.fits(compiled, gpu(10e9))  # needs 62 GB, 70 GB free
+    with pytest.raises(MemoryError, match="RESOURCE_EXHAUSTED.*62.0 GB.*60.0 GB free"):
+        check.fits(compiled, gpu(20e9))
+    check.fits(compiled, SimpleNamespace(memory_stats=lambda: None))
+    assert check._out_of_memory(MemoryError("RESOURCE_EXHAUSTED (XLA's buffer assignment)"))

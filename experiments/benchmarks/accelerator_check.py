@@ -56,6 +56,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import comparison, hostmem, models, sampling, sharding
 from ibpo_jax import config as config_lib
@@ -345,24 +347,49 @@ def rl_once(cfg, budget: float, repeats: int) -> dict:
         spec = step.StepSpec.from_config(cfg, m.config, m.options)
         updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         optimizer = make_optimizer(cfg.optim, total_updates=updates)
-        state = [init_state(jax.tree.map(jnp.copy, m.params), optimizer)]
+        state = init_state(jax.tree.map(jnp.copy, m.params), optimizer)
+        # Every leaf on the mesh and kept there by the update, as the Trainer does: the
+        # compiled update accepts only the layouts it was compiled for.
+        shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+                                 else NamedSharding(mesh, P()), state)
+        state = [jax.device_put(state, shardings)]
         rollout, plen = synthetic_rollout(cfg, m.config.vocab_size)
         vocab = m.config.vocab_size
         is_delim = jnp.zeros((vocab,), bool).at[DELIM % vocab].set(True)
         plan = packing.place(packing.identity(plen, cfg.rollout.max_prompt_len,
                                               cfg.rollout.group_size), jax.device_put)
         credit_fn = jax.jit(functools.partial(step.credit, spec))
-        update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0)
+        update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0,
+                            out_shardings=(shardings, None))
         key, metrics = jax.random.key(7), {}
+        t0 = time.perf_counter()
+        cred = credit_fn(rollout, is_delim)[0]
+        update_fn = update_fn.lower(state[0], m.params, rollout, cred, key, plan).compile()
+        fits(update_fn, jax.devices()[0])  # fail before running out of memory on the device
+        prepare_s = time.perf_counter() - t0
 
         def one():
             cred, metrics["credit"] = credit_fn(rollout, is_delim)
             state[0], metrics["update"] = update_fn(state[0], m.params, rollout, cred, key, plan)
             return state[0]
 
-        compile_s, t = timed(one, budget, repeats)
+        first_s, t = timed(one, budget - prepare_s, repeats)
     return dict(model=m, plen=plen, rlen=np.asarray(rollout.response_len),
-                compile_s=compile_s, step_s=t, phi_mean=float(metrics["credit"]["phi_mean"]))
+                compile_s=prepare_s + first_s, step_s=t,
+                phi_mean=float(metrics["credit"]["phi_mean"]))
+
+
+def fits(compiled: Any, device: jax.Device) -> None:
+    """Raises a RESOURCE_EXHAUSTED MemoryError when XLA's buffer assignment for `compiled`
+    needs more than the device has free (where the device reports its memory: GPU, TPU)."""
+    stats, mem = device.memory_stats() or {}, compiled.memory_analysis()
+    if "bytes_limit" not in stats or mem is None:
+        return
+    need = mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
+    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+    if need > free:
+        raise MemoryError(f"RESOURCE_EXHAUSTED (XLA's buffer assignment): the update needs "
+                          f"{need / 1e9:.1f} GB, the device has {free / 1e9:.1f} GB free")
 
 
 def _out_of_memory(e: Exception) -> bool:
@@ -373,14 +400,15 @@ def _out_of_memory(e: Exception) -> bool:
 def section_rl_step(rep: Report, s: Shapes, budget: float, cfg_for: Callable, peak: float
                     ) -> None:
     """One RL step of the preset; when the preset's response length runs out of device memory
-    (materialized attention scores of 8 rows x 8k tokens), halves it, at most twice."""
+    (materialized attention scores of 8 rows x 8k tokens; `fits` predicts it from the compiled
+    update before running), halves it, at most twice."""
     t0, cfg, oom = time.perf_counter(), cfg_for([]), []
     for _ in range(3):
         try:
             r = rl_once(cfg, budget - (time.perf_counter() - t0), max(1, s.repeats // 2))
             break
         except Exception as e:  # noqa: BLE001 - only running out of memory is retried
-            if not _out_of_memory(e) or time.perf_counter() - t0 > budget / 2:
+            if not _out_of_memory(e) or time.perf_counter() - t0 > 0.75 * budget:
                 raise
             oom.append(cfg.rollout.max_new_tokens)
             cfg = cfg_for([("rollout.max_new_tokens", str(cfg.rollout.max_new_tokens // 2))])
