@@ -2,13 +2,19 @@
 
 For each configuration (64 pairs of length 4000 and 16 pairs of length 16,000; ids drawn from a
 Zipf law over the 151,936-token Qwen vocabulary) it times
-  ours:      jax.jit(jax.vmap(comparison.lcs_first_error)) / (... edit_distance), one call over
-             all pairs; compile_s = first call (trace + compile + run), run_s = median of the
-             later calls, each closed by block_until_ready;
+  ours:      jax.jit(jax.vmap(f)), one call over all pairs, for f = comparison.lcs_first_error
+             with alignment="lcs" (the default first error, DESIGN §2: LCS and the alignment's
+             first unmatched unit), with alignment="prefix" (v1: LCS and the longest embedded
+             prefix) and comparison.edit_distance; compile_s = first call (trace + compile +
+             run), run_s = median of the later calls, each closed by block_until_ready;
   rapidfuzz: rapidfuzz.process.cpdist(a, b, scorer=LCSseq.similarity / Levenshtein.distance,
              workers=-1) on the same pairs (lists of ints), median of the same number of calls;
-checks that both give identical numbers, and prints one JSON line per configuration with cells/s
-(cells = sum of len(a) * len(b)) and ratio = ours / rapidfuzz (> 1: we are faster).
+checks that both give identical LCS / distances (and that the alignment's first error never
+exceeds the prefix rule's, as DESIGN §2 implies), and prints one JSON line per configuration with
+cells/s (cells = sum of len(a) * len(b)), ratio = ours / rapidfuzz (> 1: we are faster) and
+lcs_over_prefix = run time of the "lcs" rule / run time of the "prefix" rule (the extra work
+of the alignment: a masked popcount per word and column plus one greedy-embedding scan). The
+load average (`os.getloadavg`) is printed with each line: the machine may be shared.
 
     python experiments/benchmarks/bench_lcs.py [--repeats 5] [--quick]
 """
@@ -16,6 +22,7 @@ checks that both give identical numbers, and prints one JSON line per configurat
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -61,13 +68,17 @@ def bench(n_pairs: int, length: int, repeats: int) -> dict:
     qa, qb = a.tolist(), b.tolist()
     dev = [jax.device_put(x) for x in (a, b, lens, lens)]
     result = {"pairs": n_pairs, "length": length, "cells": cells}
+    prefix = functools.partial(comparison.lcs_first_error, alignment="prefix")
+    outs = {}
     for name, ours_fn, scorer in (
         ("lcs", comparison.lcs_first_error, LCSseq.similarity),
+        ("lcs_prefix", prefix, LCSseq.similarity),
         ("levenshtein", comparison.edit_distance, Levenshtein.distance),
     ):
         jitted = jax.jit(jax.vmap(ours_fn))
         compile_s, run_s, out = _timed(lambda: jax.block_until_ready(jitted(*dev)), repeats)
-        ours = np.asarray(out[0] if name == "lcs" else out)
+        outs[name] = out
+        ours = np.asarray(out if name == "levenshtein" else out[0])
         _, rf_s, ref = _timed(
             lambda: process.cpdist(qa, qb, scorer=scorer, workers=-1), repeats)  # noqa: B023
         if not np.array_equal(ours, np.asarray(ref)):
@@ -80,6 +91,10 @@ def bench(n_pairs: int, length: int, repeats: int) -> dict:
             "ours_compile_s": compile_s,
             "rapidfuzz_s": rf_s,
         }
+    if np.any(np.asarray(outs["lcs"][1]) > np.asarray(outs["lcs_prefix"][1])):
+        raise AssertionError("alignment first error past the prefix rule's")
+    result["lcs_over_prefix"] = result["lcs"]["ours_run_s"] / result["lcs_prefix"]["ours_run_s"]
+    result["load_avg"] = os.getloadavg()
     return result
 
 
