@@ -13,28 +13,26 @@ logit chunks), it measures, in sections:
   phi       `comparison.compute_phi` (lcs_first_error) vmapped over groups of G = 8 responses of
             4k-8k tokens (DESIGN §2), and `comparison.lcs_first_error` vmapped over pairs of 8k:
             DP cells/s, cells = Σ len_a·len_b over every pair the kernel computes (G×G per group).
-  rl_step   one RL step (`trainer.step.credit` then `trainer.step.update`, jitted as the Trainer
-            jits them) with the preset's per-row shapes (prompt 1024, 8192 new tokens, G = 8,
-            max_units 512) on a synthetic rollout (random tokens and lengths, newline-delimited
-            steps, shared prefixes within a group, random rewards): seconds, tokens/s and MFU.
-            Fewer prompts per step than the preset (2, one group per micro-batch): the preset's
-            128 prompts are sized for a 8-device fsdp mesh.
+  rl_step   one RL step (`trainer.step.credit` + `trainer.step.update`, jitted as the Trainer
+            jits them), the preset's per-row shapes (prompt 1024, 8192 new tokens, G = 8,
+            max_units 512), 2 prompts (the preset's 128 are sized for 8 fsdp devices), on a
+            synthetic rollout: seconds, tokens/s, MFU. If the compiled update needs more than
+            the device's free memory (attention scores are materialized: XLA:CPU assigns
+            ~297 / 131 / 69 GB of temporaries at 8192 / 4096 / 2048 new tokens), the new tokens
+            are halved, at most twice, and the lines say so.
 
-Model FLOPs (stated in each line): 6·N per trained token (2·N per token of a forward-only pass),
-N = matmul weights incl. the tied unembedding (the embedding gather is not a matmul), plus
-causal attention: a forward pass spends 4·L·heads·head_dim per (query, key) pair at or before
-it; backward = 2x forward. Remat recomputation and padding are work, not model FLOPs.
+Model FLOPs (stated in each line): 6·N per trained token, 2·N per forward-only one, N = matmul
+weights incl. the tied unembedding, plus causal attention, 4·L·heads·head_dim per (query,
+visible key) forward, x3 with backward. Remat recomputation and padding are not counted.
 
-Output: one JSON line per figure on stdout (name, value, unit, device_kind, shapes, ...), then
-one line per section with its seconds, budget and status ("ok" or the error that stopped it;
-later sections still run), and one for the total. Each section's timing loop stops at its
-budget (after the compiling first call and at least one timed call); a watchdog thread prints
-a last line and ends the process at 8 minutes (both scaled by --budget-scale). `--tiny`
-shrinks every shape so the whole check runs on a CPU in under a minute
-(tests/test_accelerator_check.py).
+Output: one JSON line per figure on stdout (name, value, unit, device_kind, shapes, ...), one
+per section (seconds, budget, status: "ok" or its error; later sections still run), and the
+total. A section's timing loop stops at its budget (after the first call and one timed call); a
+watchdog ends the process at 8 min (budgets x --budget-scale). `--tiny` shrinks every shape for
+a CPU run (tests/test_accelerator_check.py).
 
     python experiments/benchmarks/accelerator_check.py [--tiny] [--sections peak,train,...]
-        [--rl-override key=value ...]   (config overrides for the rl_step section)
+        [--rl-override key=value ...] (rl_step config overrides) [--budget-scale X]
 """
 
 from __future__ import annotations
@@ -75,19 +73,10 @@ class Shapes:
     """Every size the check uses; `FULL` on an accelerator, `TINY` for the CPU test."""
 
     budgets: dict  # section -> seconds
-    matmul_n: int
-    matmul_chain: int
-    train_batch: int
-    train_len: int
-    sample_prompts: int
-    sample_group: int
-    sample_prompt_len: int
-    sample_new: int
-    phi_groups: int
-    phi_group: int
-    phi_min_len: int
-    phi_max_len: int
-    lcs_pairs: int
+    matmul: tuple[int, int]  # n, chain: `chain` dependent (n x n) @ (n x n) bf16 matmuls
+    train: tuple[int, int]  # batch, sequence length
+    sample: tuple[int, int, int, int]  # prompts, samples per prompt, prompt len, new tokens
+    phi: tuple[int, int, int, int, int]  # groups, G, min / max units per response, LCS pairs
     repeats: int
     rl_overrides: tuple  # on top of the preset; ((key, value), ...)
 
@@ -95,17 +84,13 @@ class Shapes:
 _ONE_DEVICE = (("mesh.data", "1"), ("mesh.fsdp", "1"), ("mesh.tensor", "1"),
                ("train.distributed", "false"), ("reward.num_workers", "0"))
 FULL = Shapes(
-    budgets=dict(peak=20, train=90, sampler=100, phi=50, rl_step=200), matmul_n=8192,
-    matmul_chain=16, train_batch=8, train_len=2048, sample_prompts=16, sample_group=8,
-    sample_prompt_len=256, sample_new=1024, phi_groups=16, phi_group=8, phi_min_len=4096,
-    phi_max_len=8192, lcs_pairs=64, repeats=5,
+    budgets=dict(peak=20, train=90, sampler=100, phi=50, rl_step=200), matmul=(8192, 16),
+    train=(8, 2048), sample=(16, 8, 256, 1024), phi=(16, 8, 4096, 8192, 64), repeats=5,
     rl_overrides=_ONE_DEVICE + (("rollout.prompts_per_step", "2"), ("optim.microbatches", "2"))
 )
 TINY = Shapes(
-    budgets=dict(peak=10, train=20, sampler=20, phi=15, rl_step=40), matmul_n=128,
-    matmul_chain=2, train_batch=2, train_len=32, sample_prompts=2, sample_group=2,
-    sample_prompt_len=8, sample_new=16, phi_groups=2, phi_group=8, phi_min_len=48,
-    phi_max_len=96, lcs_pairs=4, repeats=2,
+    budgets=dict(peak=10, train=20, sampler=20, phi=15, rl_step=40), matmul=(128, 2),
+    train=(2, 32), sample=(2, 2, 8, 16), phi=(2, 8, 48, 96, 4), repeats=2,
     rl_overrides=_ONE_DEVICE + (
         ("model.preset", "tiny"), ("model.tiny.hidden_size", "64"),
         ("model.tiny.intermediate_size", "128"), ("model.tiny.num_hidden_layers", "2"),
@@ -125,8 +110,9 @@ class Report:
         self.device = {"device_kind": device.device_kind, "platform": device.platform}
 
     def emit(self, name: str, value: float, unit: str, **extra: Any) -> None:
+        """To the real stdout: sys.stdout points at stderr while the sections run."""
         print(json.dumps({"name": name, "value": float(value), "unit": unit, **self.device,
-                          **extra}), flush=True)
+                          **extra}), file=sys.__stdout__, flush=True)
 
 
 def timed(fn: Callable[[], Any], budget_s: float, repeats: int) -> tuple[float, float]:
@@ -144,8 +130,6 @@ def timed(fn: Callable[[], Any], budget_s: float, repeats: int) -> tuple[float, 
             break
     return first, best
 
-
-# ------------------------------------------------------------------------------ model FLOPs
 
 
 def matmul_params(c: models.Qwen3Config) -> int:
@@ -168,8 +152,6 @@ FLOPS_NOTE = ("6N per trained token, 2N per forward-only token, N = matmul weigh
               "forward, x3 with backward; remat and padding not counted")
 
 
-# ------------------------------------------------------------------------------ sections
-
 
 def run_config(tiny: bool, extra: list[tuple[str, str]]) -> config_lib.RunConfig:
     return config_lib.load(CONFIG, [*(TINY if tiny else FULL).rl_overrides, *extra])
@@ -184,7 +166,7 @@ def model_of(cfg: config_lib.RunConfig, key: jax.Array) -> models.Qwen3LM:
 
 def section_peak(rep: Report, s: Shapes, budget: float) -> float:
     """Measured bf16 matmul FLOP/s (the MFU denominator)."""
-    n, k = s.matmul_n, s.matmul_chain
+    n, k = s.matmul
     ka, kb = jax.random.split(jax.random.key(1))
     a = jax.random.normal(ka, (n, n), jnp.bfloat16)
     b = (jax.random.normal(kb, (n, n), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
@@ -203,10 +185,9 @@ def section_peak(rep: Report, s: Shapes, budget: float) -> float:
 def section_train(rep: Report, s: Shapes, budget: float, cfg, m: models.Qwen3LM,
                   peak: float) -> None:
     """LM train step (NLL of random tokens + the preset's optimizer), tokens/s and MFU."""
-    c, o = m.config, m.options
+    (c, o), (batch, seq) = (m.config, m.options), s.train
     opt = make_optimizer(cfg.optim, total_updates=cfg.train.steps)
-    tokens = jax.random.randint(jax.random.key(2), (s.train_batch, s.train_len), 0,
-                                c.vocab_size, jnp.int32)
+    tokens = jax.random.randint(jax.random.key(2), (batch, seq), 0, c.vocab_size)
 
     def loss_fn(params, toks):  # [B, T] -> mean NLL of tokens 1..T-1
         lp = models.token_logprobs(c, o, params, toks, logits_chunk=cfg.model.logits_chunk)
@@ -225,10 +206,10 @@ def section_train(rep: Report, s: Shapes, budget: float, cfg, m: models.Qwen3LM,
         return loss
 
     compile_s, t = timed(one, budget, s.repeats)
-    n_tok = s.train_batch * s.train_len
+    n_tok = batch * seq
     flops = 6.0 * matmul_params(c) * n_tok + 3 * attention_fwd_flops(
-        c, np.zeros(s.train_batch), np.full(s.train_batch, s.train_len))
-    shapes = {"batch": s.train_batch, "seq_len": s.train_len, "model": _model_shape(m),
+        c, np.zeros(batch), np.full(batch, seq))
+    shapes = {"batch": batch, "seq_len": seq, "model": _model_shape(m),
               "flops_per_step": flops, "flops_formula": FLOPS_NOTE}
     rep.emit("train_tokens_per_s", n_tok / t, "tokens/s", shapes=shapes, step_s=t,
              first_call_s=compile_s)
@@ -238,12 +219,11 @@ def section_train(rep: Report, s: Shapes, budget: float, cfg, m: models.Qwen3LM,
 
 def section_sampler(rep: Report, s: Shapes, budget: float, m: models.Qwen3LM) -> None:
     """Generated tokens/s of `sampling.generate_fn`, every row running all its new tokens."""
-    c = m.config
-    fn = sampling.generate_fn(c, m.options, max_new_tokens=s.sample_new, temperature=1.0,
-                              num_samples=s.sample_group, eos_ids=())
-    prompts = jax.random.randint(jax.random.key(3), (s.sample_prompts, s.sample_prompt_len),
-                                 0, c.vocab_size, jnp.int32)
-    lens = jnp.full((s.sample_prompts,), s.sample_prompt_len, jnp.int32)
+    c, (n_prompts, group, plen, new) = m.config, s.sample
+    fn = sampling.generate_fn(c, m.options, max_new_tokens=new, temperature=1.0,
+                              num_samples=group, eos_ids=())
+    prompts = jax.random.randint(jax.random.key(3), (n_prompts, plen), 0, c.vocab_size)
+    lens = jnp.full((n_prompts,), plen, jnp.int32)
     out = {}
 
     def one():
@@ -251,13 +231,12 @@ def section_sampler(rep: Report, s: Shapes, budget: float, m: models.Qwen3LM) ->
         return out["o"].tokens
 
     compile_s, t = timed(one, budget, s.repeats)
-    rows = s.sample_prompts * s.sample_group
-    if int(jnp.min(out["o"].lengths)) != s.sample_new:
+    rows = n_prompts * group
+    if int(jnp.min(out["o"].lengths)) != new:
         raise AssertionError("sampler: a row stopped before max_new_tokens without an EOS id")
-    shapes = {"rows": rows, "prompts": s.sample_prompts, "samples_per_prompt": s.sample_group,
-              "prompt_len": s.sample_prompt_len, "new_tokens": s.sample_new,
-              "model": _model_shape(m)}
-    rep.emit("sampler_tokens_per_s", rows * s.sample_new / t, "generated tokens/s",
+    shapes = {"rows": rows, "prompts": n_prompts, "samples_per_prompt": group,
+              "prompt_len": plen, "new_tokens": new, "model": _model_shape(m)}
+    rep.emit("sampler_tokens_per_s", rows * new / t, "generated tokens/s",
              shapes=shapes, seconds=t, first_call_s=compile_s)
 
 
@@ -275,29 +254,26 @@ def _group_units(rng: np.random.Generator, groups: int, g: int, lo: int, hi: int
 
 def section_phi(rep: Report, s: Shapes, budget: float) -> None:
     """Cells/s of φ over groups (compute_phi) and of the LCS pair kernel (lcs_first_error)."""
-    rng = np.random.default_rng(5)
-    units, lengths, correct = _group_units(rng, s.phi_groups, s.phi_group, s.phi_min_len,
-                                           s.phi_max_len, 151_936)
+    groups, g, lo, hi, pairs = s.phi
+    units, lengths, correct = _group_units(np.random.default_rng(5), groups, g, lo, hi, 151_936)
     phi = jax.jit(jax.vmap(functools.partial(comparison.compute_phi,
                                              operator="lcs_first_error")))
     args = [jax.device_put(x) for x in (units, lengths, correct)]
     compile_s, t = timed(lambda: phi(*args).phi, budget / 2, s.repeats)
     cells = float(np.sum(np.sum(lengths.astype(np.float64), axis=1) ** 2))  # Σ_b (Σ_i n_i)²
     rep.emit("phi_cells_per_s", cells / t, "cells/s",
-             shapes={"groups": s.phi_groups, "group_size": s.phi_group,
-                     "units_per_response": [s.phi_min_len, s.phi_max_len], "cells": cells,
-                     "operator": "lcs_first_error", "cells_formula": "sum over the G*G pairs "
-                     "of each group of len_i*len_j (real units, padding excluded)"},
+             shapes={"groups": groups, "group_size": g, "units_per_response": [lo, hi],
+                     "cells": cells, "operator": "lcs_first_error", "cells_formula": "sum over "
+                     "the G*G pairs of each group of len_i*len_j (real units, not padding)"},
              seconds=t, first_call_s=compile_s)
-    a, b = (units[0, :1].repeat(s.lcs_pairs, 0), units[0, 1:2].repeat(s.lcs_pairs, 0))
-    full = np.full((s.lcs_pairs,), s.phi_max_len, np.int32)
+    full = np.full((pairs,), hi, np.int32)
     pair = jax.jit(jax.vmap(comparison.lcs_first_error))
-    args = [jax.device_put(x) for x in (a, b, full, full)]
+    args = [jax.device_put(x) for x in (units[0, :1].repeat(pairs, 0),
+                                        units[0, 1:2].repeat(pairs, 0), full, full)]
     compile_s, t = timed(lambda: pair(*args)[0], budget / 2, s.repeats)
-    cells = float(s.lcs_pairs) * s.phi_max_len**2
-    rep.emit("lcs_pair_cells_per_s", cells / t, "cells/s",
-             shapes={"pairs": s.lcs_pairs, "length": s.phi_max_len, "cells": cells},
-             seconds=t, first_call_s=compile_s)
+    cells = float(pairs) * hi**2
+    rep.emit("lcs_pair_cells_per_s", cells / t, "cells/s", seconds=t, first_call_s=compile_s,
+             shapes={"pairs": pairs, "length": hi, "cells": cells})
 
 
 def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.ndarray]:
@@ -452,20 +428,19 @@ def run_sections(rep: Report, s: Shapes, names: list[str], cfg_for: Callable) ->
     peak, model, cfg = None, None, cfg_for([])
     for name in names:
         t0, budget = time.perf_counter(), float(s.budgets[name])
-        status = "ok"
+        status, model = "ok", None if name == "rl_step" else model  # rl_step: free it first
         try:
+            if name in ("train", "sampler"):
+                model = model or model_of(cfg, jax.random.key(0))
             if name == "peak":
                 peak = section_peak(rep, s, budget)
-            elif name in ("train", "sampler"):
-                model = model or model_of(cfg, jax.random.key(0))
-                if name == "train":
-                    section_train(rep, s, budget, cfg, model, peak)
-                else:
-                    section_sampler(rep, s, budget, model)
+            elif name == "train":
+                section_train(rep, s, budget, cfg, model, peak)
+            elif name == "sampler":
+                section_sampler(rep, s, budget, model)
             elif name == "phi":
                 section_phi(rep, s, budget)
             else:
-                model = None  # free the section model's buffers first
                 section_rl_step(rep, s, budget, cfg_for, peak)
         except Exception as e:  # noqa: BLE001 - report the section and go on
             status = f"{type(e).__name__}: {e}"[:500]
@@ -508,29 +483,16 @@ def main(argv: list[str] | None = None) -> int:
     watchdog.daemon = True
     watchdog.start()
     with contextlib.redirect_stdout(sys.stderr):  # libraries' prints stay off the JSON stream
-        run_sections(_StdoutReport(rep), s, names, cfg_for)
+        run_sections(rep, s, names, cfg_for)
     watchdog.cancel()
     rep.emit("total_seconds", time.perf_counter() - t0, "s", sections=names,
              tiny=args.tiny, jax=jax.__version__, devices=len(jax.devices()))
     return 0
 
 
-class _StdoutReport(Report):
-    """Writes to the real stdout while sys.stdout points at stderr."""
-
-    def __init__(self, rep: Report):
-        self.device = rep.device
-
-    def emit(self, *args: Any, **kwargs: Any) -> None:
-        with contextlib.redirect_stdout(sys.__stdout__):
-            super().emit(*args, **kwargs)
-
-
 def _give_up(rep: Report, t0: float) -> None:
     """The watchdog: past the total budget, say so and end the process."""
-    with contextlib.redirect_stdout(sys.__stdout__):
-        rep.emit("total_seconds", time.perf_counter() - t0, "s",
-                 status=f"watchdog: over {TOTAL_BUDGET_S:.0f} s, stopped")
+    rep.emit("total_seconds", time.perf_counter() - t0, "s", status="watchdog: stopped")
     os._exit(3)
 
 
