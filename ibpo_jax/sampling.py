@@ -3,9 +3,10 @@
 Prompts are right-aligned (left-padded) [B, P] int32 with their lengths [B]. The prompt is
 encoded once per prompt; its keys/values form the shared prompt part of the cache, which the
 R = `num_samples` continuations of that prompt all attend to (no R-fold prefill, no R-fold copy
-of the prompt cache). Each continuation row has its own generated part, preallocated for
-`max_new_tokens` and updated in place inside the loop (the decode state, cache included, is
-donated to the decode jit). Output rows are prompt-major: row b*R + r is sample r of prompt b.
+of the prompt cache). Each continuation row has its own row cache, updated in place inside
+the loop; it grows by static widths between segments of the loop, so that a step's attention
+reads the slots filled so far rounded up to a width, not all `max_new_tokens`
+(`kv_cache.slot_widths`). Output rows are prompt-major: row b*R + r is sample r of prompt b.
 
 Per-token log-probs are those of the distribution actually sampled from: log softmax of
 logits / temperature, renormalized over the top-k / top-p set when those filters are on. With
@@ -33,7 +34,8 @@ from jax.sharding import PartitionSpec as P
 from ibpo_jax import sharding
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM
-from ibpo_jax.models.qwen3 import KVCache, Qwen3, positions_from_mask
+from ibpo_jax.models import kv_cache
+from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
 
 Array = jax.Array
 
@@ -159,7 +161,7 @@ def make_strategy(*, temperature: float, top_k: int = 0, top_p: float = 1.0
 
 class DecodeState(NamedTuple):
     step: Array  # int32: tokens[:, step] is the newest sampled token
-    cache: KVCache
+    cache: kv_cache.KVCache  # row cache: the current segment's width (kv_cache.grow)
     tokens: Array  # [B*R, N] int32
     logprobs: Array  # [B*R, N] float32
     lengths: Array  # [B*R] int32
@@ -207,32 +209,19 @@ class _Sampler:
         r, n, c = self.num_samples, self.max_new_tokens, self.config
         params = self._params(params)
         mask = jnp.arange(p)[None, :] >= (p - prompt_lens)[:, None]
-        hidden, (k, v) = self.model.apply({"params": params}, prompts, positions_from_mask(mask),
-                                          mask, method=Qwen3.encode)
+        hidden, kv = self.model.apply({"params": params}, prompts, positions_from_mask(mask),
+                                      mask, method=Qwen3.encode)
         logits = self.model.apply({"params": params}, hidden[:, -1], method=Qwen3.logits)
         logits = jnp.repeat(logits, r, axis=0)  # prompt-major rows b*R + r
         no = jnp.zeros((b * r,), bool)
         first, logp = self._pick(logits, rng, jnp.int32(0), no)
         # Token i's key/value go to slot i when token i is fed; the last token is never fed.
-        slots = max(n - 1, 1)
-        v_shape = (b * r, c.num_key_value_heads, slots, c.head_dim)
-        k_shape = (b * r, c.num_key_value_heads, c.head_dim, slots)  # keys cached transposed
-        k_spec, v_spec = sharding.SAMPLING.cache_bkhs, sharding.SAMPLING.cache_bksh
-        if self.options.scan_layers:  # stacked [L, ...]
-            k_spec, v_spec = (jax.sharding.PartitionSpec(None, *s) for s in (k_spec, v_spec))
-            k = k.swapaxes(-1, -2)
-            gen_k, gen_v = (jnp.zeros((c.num_hidden_layers, *shape), self.options.dtype)
-                            for shape in (k_shape, v_shape))
-        else:  # tuples of per-layer arrays
-            k = tuple(a.swapaxes(-1, -2) for a in k)
-            gen_k, gen_v = (tuple(jnp.zeros(shape, self.options.dtype)
-                                  for _ in range(c.num_hidden_layers))
-                            for shape in (k_shape, v_shape))
-        def place(tree, spec):
-            return jax.tree.map(lambda a: sharding.constrain(a, spec), tree)
-
-        cache = KVCache(place(k, k_spec), place(v, v_spec), place(gen_k, k_spec),
-                        place(gen_v, v_spec))
+        # The row cache starts at the first segment's width and grows (see `decode`).
+        width = kv_cache.slot_widths(max(n - 1, 1))[0]
+        stacked = self.options.scan_layers
+        rows = kv_cache.empty_rows(b * r, width, c.num_hidden_layers, c.num_key_value_heads,
+                                   c.head_dim, self.options.dtype, stacked)
+        cache = self._place(kv_cache.KVCache(kv_cache.prompt_cache(kv, stacked), rows))
         tokens = jnp.full((b * r, n), self.pad_id, jnp.int32).at[:, 0].set(first)
         return DecodeState(
             step=jnp.int32(0), cache=cache, tokens=tokens,
@@ -240,32 +229,53 @@ class _Sampler:
             lengths=jnp.ones((b * r,), jnp.int32), done=self._is_eos(first), prompt_mask=mask,
             next_pos=jnp.repeat(prompt_lens.astype(jnp.int32), r), rng=rng)
 
-    def decode(self, params: Any, state: DecodeState) -> DecodeState:
+    def _place(self, cache: kv_cache.KVCache) -> kv_cache.KVCache:
+        """Sharding constraints of the cache's arrays (keys [.., B, K, H, S], values
+        [.., B, K, S, H]; a leading [L] axis when stacked)."""
+        k_spec, v_spec = sharding.SAMPLING.cache_bkhs, sharding.SAMPLING.cache_bksh
+        if self.options.scan_layers:
+            k_spec, v_spec = (P(None, *s) for s in (k_spec, v_spec))
+
+        def place(kv: Any) -> Any:
+            return type(kv)(sharding.constrain(kv.k, k_spec), sharding.constrain(kv.v, v_spec))
+
+        leaf = lambda x: isinstance(x, (kv_cache.PromptKV, kv_cache.RowKV))  # noqa: E731
+        return jax.tree.map(place, cache, is_leaf=leaf)
+
+    def _step(self, params: Any, s: DecodeState) -> DecodeState:
+        """Feeds tokens[:, step] (row-cache slot `step`) and samples tokens[:, step + 1]."""
+        fed = jax.lax.dynamic_index_in_dim(s.tokens, s.step, axis=1, keepdims=False)
+        slots = kv_cache.slots_of(s.cache.rows)
+        hidden, cache = self.model.apply(
+            {"params": params}, fed, s.next_pos, s.cache, s.prompt_mask,
+            jnp.arange(slots) <= s.step, s.step, method=Qwen3.decode)
+        logits = self.model.apply({"params": params}, hidden, method=Qwen3.logits)
+        tok, logp = self._pick(logits, s.rng, s.step + 1, s.done)
+        col = s.step + 1
+        return s._replace(
+            step=col, cache=cache,
+            tokens=jax.lax.dynamic_update_index_in_dim(s.tokens, tok, col, axis=1),
+            logprobs=jax.lax.dynamic_update_index_in_dim(s.logprobs, logp, col, axis=1),
+            lengths=s.lengths + (~s.done).astype(jnp.int32),
+            done=s.done | self._is_eos(tok), next_pos=s.next_pos + 1)
+
+    def segment(self, params: Any, state: DecodeState) -> DecodeState:
+        """Decode steps while the step's slot fits the row cache's width (and some row is not
+        done): one segment of the loop, see `_compiled`."""
         params = self._params(params)
-        n = self.max_new_tokens
-        slots = jax.tree.leaves(state.cache.gen_v)[0].shape[-2]
+        width, n = kv_cache.slots_of(state.cache.rows), self.max_new_tokens
 
         def cond(s: DecodeState) -> Array:
-            return (s.step + 1 < n) & ~jnp.all(s.done)
+            return (s.step < width) & (s.step + 1 < n) & ~jnp.all(s.done)
 
-        def body(s: DecodeState) -> DecodeState:
-            fed = jax.lax.dynamic_index_in_dim(s.tokens, s.step, axis=1, keepdims=False)
-            hidden, cache = self.model.apply(
-                {"params": params}, fed, s.next_pos, s.cache, s.prompt_mask,
-                jnp.arange(slots) <= s.step, s.step, method=Qwen3.decode)
-            logits = self.model.apply({"params": params}, hidden, method=Qwen3.logits)
-            tok, logp = self._pick(logits, s.rng, s.step + 1, s.done)
-            col = s.step + 1
-            return s._replace(
-                step=col, cache=cache,
-                tokens=jax.lax.dynamic_update_index_in_dim(s.tokens, tok, col, axis=1),
-                logprobs=jax.lax.dynamic_update_index_in_dim(s.logprobs, logp, col, axis=1),
-                lengths=s.lengths + (~s.done).astype(jnp.int32),
-                done=s.done | self._is_eos(tok), next_pos=s.next_pos + 1)
+        # Returning the whole (donated) state lets the loop update its buffers, the cache
+        # above all, in place instead of copying them.
+        return jax.lax.while_loop(cond, functools.partial(self._step, params), state)
 
-        # Returning the whole state lets every donated input buffer (the cache above all) be
-        # reused in place by the loop instead of copied into it.
-        return jax.lax.while_loop(cond, body, state)
+    def grow(self, state: DecodeState, width: int) -> DecodeState:
+        """The state with its row cache padded to `width` slots."""
+        rows = kv_cache.grow(state.cache.rows, width)
+        return state._replace(cache=self._place(state.cache._replace(rows=rows)))
 
 
 GenerateFn = Callable[[Any, Any, Any, Array], SampleOutput]
@@ -280,7 +290,7 @@ def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: i
     Built once per configuration (cached): repeated calls with new params or new prompts of
     the same shapes reuse the two compiled programs, `fn.prefill` (params, prompts,
     prompt_lens, rng) -> DecodeState and `fn.decode` (params, state) -> final DecodeState
-    (state donated: the preallocated cache is updated in place). With a mesh, rows are split
+    (the state donated: the row cache is updated in place). With a mesh, rows are split
     over ("data", "fsdp") and weights take the SAMPLING layout inside the programs.
     """
     if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens \
@@ -299,8 +309,23 @@ def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: i
 @functools.lru_cache(maxsize=32)
 def _compiled(sampler: _Sampler) -> GenerateFn:
     prefill = jax.jit(sampler.prefill)
-    decode = jax.jit(sampler.decode, donate_argnums=1)
+    segment = jax.jit(sampler.segment, donate_argnums=1)
+    grow = jax.jit(sampler.grow, static_argnums=1)
+    widths = kv_cache.slot_widths(max(sampler.max_new_tokens - 1, 1))
     mesh = sampler.mesh
+
+    def decode(params: Any, state: DecodeState) -> DecodeState:
+        """The decode loop in segments of growing row-cache widths (`kv_cache.slot_widths`),
+        one compiled program each, the cache grown between them: a step's attention reads
+        the slots filled so far rounded up to a width, not all max_new_tokens - 1. Once
+        every row is done (one host read per segment) the later segments are skipped."""
+        for i, width in enumerate(widths):
+            if i and bool(jnp.all(state.done)):
+                break
+            if width > kv_cache.slots_of(state.cache.rows):
+                state = grow(state, width)
+            state = segment(params, state)
+        return state
 
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array) -> SampleOutput:
         if mesh is None:

@@ -63,6 +63,28 @@ def test_greedy_equals_hf_generate_token_for_token(hf_and_path, prompts, greedy)
     np.testing.assert_array_equal(greedy.lengths, N)
 
 
+def test_greedy_across_three_cache_widths_equals_hf_generate(hf_and_path, prompts):
+    """40 new tokens: the row cache grows 16 -> 32 -> 39 slots between decode segments
+    (stacked layers, so the stacked cache grows too); greedy output still equals HF's."""
+    hf, path = hf_and_path
+    tokens, mask, lens = prompts
+    out = sampling.generate(models.load_hf(path, scan_layers=True), tokens, lens,
+                            max_new_tokens=40, temperature=0.0, rng=jax.random.key(0))
+    with torch.no_grad():
+        ref = hf.generate(torch.from_numpy(tokens), attention_mask=torch.from_numpy(mask),
+                          max_new_tokens=40, do_sample=False, pad_token_id=0, eos_token_id=None)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref[:, tokens.shape[1]:].numpy())
+
+
+def test_rows_all_done_at_the_first_token_skip_the_later_segments(model, prompts):
+    tokens, _, lens = prompts
+    out = sampling.generate(model, tokens, lens, max_new_tokens=N, temperature=1.0,
+                            rng=jax.random.key(4), eos_ids=tuple(range(128)), pad_id=0)
+    np.testing.assert_array_equal(out.lengths, 1)
+    assert (np.asarray(out.tokens)[:, 1:] == 0).all()
+    assert (np.asarray(out.logprobs)[:, 0] < 0).all() and not np.asarray(out.logprobs)[:, 1:].any()
+
+
 def test_greedy_logprobs_equal_a_forward_pass(model, prompts, greedy):
     tokens, _, lens = prompts
     ref = _recomputed_logprobs(model, tokens, lens, greedy)

@@ -7,7 +7,9 @@ For each model size it prints one JSON line with
 - sampling with KV cache (64 prompts of 32 tokens, 64 new tokens, every row runs full length,
   temperature 1, no top-k/top-p) generated tokens/s of both, ours / HF, and the bound that our
   decode's matmuls alone put on that ratio (those matmuls timed by themselves, same weights);
-- compile times of our jitted train step and sampler (prefill + decode), measured separately;
+- a decode-step breakdown: ms per step of ours, of HF, of our matmuls alone and of our decode
+  attention alone (all layers);
+- compile times of our jitted train step and sampler (prefill + decode segments);
 - the max |logits difference| between the two models on the benchmark batch (sanity).
 
 Timings alternate HF and ours trial by trial and keep the best trial of each (the machine may
@@ -33,6 +35,7 @@ import torch
 import transformers
 
 from ibpo_jax import hostmem, models, sampling
+from ibpo_jax.models import attention, kv_cache
 
 SIZES = {
     # vocab 64, hidden 256, 4 layers, 8 heads, 4 kv heads, head_dim 32; MLP 3x hidden
@@ -100,6 +103,28 @@ def decode_matmul_floor(m: models.Qwen3LM, rows: int, steps: int, trials: int) -
     x = jnp.ones((rows, d), jnp.float32)
     run(x).block_until_ready()
     return best_time(lambda: run(x).block_until_ready(), trials, 1)
+
+
+def decode_attention_time(c: models.Qwen3Config, rows: int, prompt_len: int, steps: int,
+                          trials: int) -> float:
+    """Seconds of decode attention alone over `steps` steps of `rows` rows and every layer:
+    `attention.decode_attention` timed at each row-cache width of the sampler's segments
+    (`kv_cache.slot_widths`), weighted by the steps run at that width."""
+    rng = np.random.default_rng(1)
+    kk, g, h = c.num_key_value_heads, c.num_groups, c.head_dim
+    arr = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+    q, pk, pv = arr(rows, kk, g, h), arr(rows, kk, h, prompt_len), arr(rows, kk, prompt_len, h)
+    prompt_mask = jnp.ones((rows, prompt_len), bool)
+    total, start = 0.0, 0
+    for width in kv_cache.slot_widths(steps):
+        gk, gv = arr(rows, kk, h, width), arr(rows, kk, width, h)
+        slot_mask = jnp.arange(width) <= start
+        run = jax.jit(lambda *a, m=slot_mask: attention.decode_attention(*a, prompt_mask, m))
+        run(q, pk, pv, gk, gv).block_until_ready()
+        per_call = best_time(lambda: run(q, pk, pv, gk, gv).block_until_ready(), trials, 10) / 10
+        total += per_call * (min(width, steps) - start) * c.num_hidden_layers
+        start = width
+    return total
 
 
 def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
@@ -179,24 +204,25 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
     fn = sampling.generate_fn(m.config, m.options, max_new_tokens=SAMPLE_N, temperature=1.0)
     j_prompts, j_lens = jnp.asarray(prompts, jnp.int32), jnp.asarray(lens, jnp.int32)
     key = jax.random.key(0)
-    t0 = time.perf_counter()
-    pre_c = fn.prefill.lower(m.params, j_prompts, j_lens, key).compile()
-    st0 = fn.prefill(m.params, j_prompts, j_lens, key)
-    dec_c = fn.decode.lower(m.params, st0).compile()
-    sample_compile = time.perf_counter() - t0
 
     def jax_generate():
-        final = dec_c(m.params, pre_c(m.params, j_prompts, j_lens, key))
+        final = fn(m.params, j_prompts, j_lens, key)
         final.tokens.block_until_ready()
         assert int(final.lengths.min()) == SAMPLE_N
 
+    # Compile time: the first call (prefill + one program per decode segment) minus a call.
+    t0 = time.perf_counter()
     jax_generate()
+    first_call = time.perf_counter() - t0
+    sample_compile = first_call - best_time(jax_generate, 1, 1)
     s_hf = s_jax = float("inf")
     for _ in range(trials):
         s_hf = min(s_hf, best_time(hf_generate, 1, 1))
         s_jax = min(s_jax, best_time(jax_generate, 1, 2))
     gen_tokens = SAMPLE_B * SAMPLE_N
-    floor = decode_matmul_floor(m, SAMPLE_B, SAMPLE_N - 1, trials)
+    steps = SAMPLE_N - 1
+    floor = decode_matmul_floor(m, SAMPLE_B, steps, trials)
+    attn = decode_attention_time(m.config, SAMPLE_B, SAMPLE_P, steps, trials)
     return {
         "size": name, **cfg,
         "logits_max_abs_diff": logits_diff,
@@ -211,6 +237,12 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
         # Our decode's matmuls alone: no sampler of ours can beat this rate on this machine.
         "sample_tok_s_matmul_floor": gen_tokens / floor,
         "sample_ratio_bound_by_matmuls": s_hf / floor,
+        # Decode-step breakdown (ms per step): ours, its matmuls alone, its decode attention
+        # alone (every layer, the row cache at the widths the sampler's segments use).
+        "decode_ms_per_step_ours": s_jax / steps * 1e3,
+        "decode_ms_per_step_matmuls": floor / steps * 1e3,
+        "decode_ms_per_step_attention": attn / steps * 1e3,
+        "decode_ms_per_step_hf": s_hf / steps * 1e3,
         "compile_s_train_step": train_compile, "compile_s_sampler": sample_compile,
     }
 

@@ -4,19 +4,21 @@ Per layer: x += o_proj(attn(rope(q_norm(q_proj(rms(x)))), rope(k_norm(k_proj(rms
 x += down(silu(gate(rms(x))) * up(rms(x))); then a final RMSNorm and the (tied or untied)
 unembedding. Softmax, norms, RoPE and logits run in float32 whatever the compute dtype.
 
-Three ways through the layers, with the same weights and the same `Block`:
-- `Qwen3.encode`: a whole [B, T] sequence (training, scoring, prompt prefill), causal and padding
-  mask; also returns every layer's keys/values (the sampler's prompt cache);
-- `Qwen3.encode_grouped`: R responses per prompt, the prompt encoded once (not R times) and
-  its keys/values shared by the R responses' attention (training on groups of samples);
-- `Qwen3.decode`: one new token per row against a KV cache split in two parts: the prompt part
-  (B rows) shared by the R samples of each prompt (never copied R times) and the generated
-  part (B*R rows), carried through the layers and updated in place (layouts: `KVCache`).
+One call path through the layers (`Qwen3._layers`, the one place that decides `nn.scan` over
+layers or a Python loop) and one `Block`/`Attention` call with an optional KV cache:
+- no cache: whole [B, T] sequences attend to themselves (training, scoring, prompt prefill);
+  every layer's (k, v) comes back, which the sampler keeps as its prompt cache (`encode`);
+- a prompt cache only (`kv_cache.PromptKV`): R continuation rows per prompt attend to their
+  prompt's keys/values, computed once, then causally to their own (`encode_grouped`: the
+  prompts go through `encode` once, not R times);
+- a prompt cache and a row cache (`kv_cache.RowKV`): one new token per row; its key/value are
+  written into the row cache, then it attends to prompt and row cache (`decode`).
 
-Einsum axis alphabet: B batch, T query positions, S key positions / cache slots, D hidden,
-N query heads, K key/value heads, G query heads per key/value head (query head n = k*G + g, as
-HF's `repeat_kv`), H head_dim, F MLP hidden, V vocab, R samples per prompt, L layers; M flattened
-tokens (B*T) of a 2-D projection.
+Einsum axis alphabet (this module, `attention`, `kv_cache`): B batch (prompts), R samples per
+prompt, T query positions, S key positions, P prompt positions, C row-cache slots, D hidden,
+N query heads, K key/value heads, G query heads per key/value head (query head n = k*G + g,
+as HF's `repeat_kv`), H head_dim, F MLP hidden, V vocab, L layers; M flattened tokens (B*T)
+of a 2-D projection.
 """
 
 from __future__ import annotations
@@ -28,46 +30,21 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax import sharding
-from ibpo_jax.models import attention
+from ibpo_jax.models import attention, kv_cache
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 
 Array = jax.Array
 
 
-class SeqContext(NamedTuple):
-    """Inputs shared by every layer when encoding whole sequences."""
+class Context(NamedTuple):
+    """Inputs shared by every layer of one pass (the `nn.scan` broadcast argument)."""
 
     cos: Array  # [B, T, H/2] float32
     sin: Array  # [B, T, H/2] float32
-    bias: Array  # [B, T, S] float32, S == T: 0 where key s is visible from query t, else -1e30
-
-
-class GroupedContext(NamedTuple):
-    """Inputs of `Qwen3.encode_grouped`: the prompts' own (bias [B, P, P]) and the responses'
-    (bias [B*R, N, P + N]: the row's prompt, then its own earlier response tokens)."""
-
-    prompt: SeqContext
-    response: SeqContext
-
-
-class DecodeContext(NamedTuple):
-    """Inputs shared by every layer for one decode step (one token per row)."""
-
-    cos: Array  # [B*R, 1, H/2] float32
-    sin: Array  # [B*R, 1, H/2] float32
-    prompt_mask: Array  # [B, P] bool: real (not padding) prompt positions
-    gen_mask: Array  # [N] bool: generated-cache slots written so far, this step's included
-    index: Array  # int32 scalar: the slot this step's key/value go to
-
-
-class KVCache(NamedTuple):
-    """Prompt keys/values (shared by the R samples of a prompt) and generated ones. Each field
-    is a stacked [L, ...] array (scan_layers) or a tuple of L per-layer arrays."""
-
-    prompt_k: Any  # [L, B, K, H, P] (keys transposed: see attention.decode_attention)
-    prompt_v: Any  # [L, B, K, P, H]
-    gen_k: Any  # [L, B*R, K, H, N]
-    gen_v: Any  # [L, B*R, K, N, H]
+    bias: Array | None  # [B, T, S] float32: 0 where key s is visible from query t, else -1e30
+    prompt_mask: Array | None = None  # [B, P] bool, decode: real (not padding) prompt slots
+    slot_mask: Array | None = None  # [C] bool, decode: row-cache slots written, this one too
+    index: Array | None = None  # int32 scalar, decode: the slot this step's key/value go to
 
 
 def positions_from_mask(mask: Array) -> Array:
@@ -181,28 +158,37 @@ class Attention(nn.Module):
         v = sharding.constrain(v, self.layout.act_bkth)
         return q, k, v
 
-    def grouped(self, xp: Array, xr: Array, ctx: GroupedContext) -> tuple[Array, Array]:
-        """xp [B, P, D] prompts, xr [B*R, N, D] responses -> their attention outputs. The
-        responses attend to their prompt's keys/values, computed once and repeated R times
-        (autodiff sums the R gradients back into the one prompt)."""
-        qp, kp, vp = self.qkv(xp, ctx.prompt.cos, ctx.prompt.sin)
-        qr, kr, vr = self.qkv(xr, ctx.response.cos, ctx.response.sin)
-        r = xr.shape[0] // xp.shape[0]
-        op = attention.self_attention(qp, kp, vp, ctx.prompt.bias)
-        k_all = jnp.concatenate([jnp.repeat(kp, r, axis=0), kr], axis=2)  # [B*R, K, P+N, H]
-        v_all = jnp.concatenate([jnp.repeat(vp, r, axis=0), vr], axis=2)
-        o_r = attention.self_attention(qr, k_all, v_all, ctx.response.bias)
-        return self.out(op.transpose(0, 3, 1, 2, 4)), self.out(o_r.transpose(0, 3, 1, 2, 4))
+    def __call__(self, x: Array, ctx: Context, prompt: kv_cache.PromptKV | None,
+                 rows: kv_cache.RowKV | None, layer: Array | None
+                 ) -> tuple[Array, kv_cache.RowKV | None, tuple[Array, Array]]:
+        """x [B*R, T, D] -> (attention output [B*R, T, D], the row cache with this step's
+        keys/values written (decode) or None, this call's (k, v) [B*R, K, T, H]).
+
+        prompt: None, or this layer's PromptKV of B = rows / R prompts that row b*R + r
+        continues (attended to before the row's own keys); rows: None (the keys are x's own,
+        masked by ctx.bias), or this layer's row cache (T = 1: write, then attend to prompt
+        and row cache, masked by ctx.prompt_mask / ctx.slot_mask); `layer` indexes a stacked
+        [L, ...] row cache (see `kv_cache.write`)."""
+        q, k, v = self.qkv(x, ctx.cos, ctx.sin)  # [B*R, K, G, T, H], [B*R, K, T, H] x2
+        if rows is not None:
+            rows, view = kv_cache.write(rows, k, v, layer, ctx.index)
+            o = attention.decode_attention(q[:, :, :, 0], prompt.k, prompt.v, view.k, view.v,
+                                           ctx.prompt_mask, ctx.slot_mask)  # [B*R, K, G, H]
+            o = o[:, :, :, None]  # [B*R, K, G, 1, H]
+        else:
+            keys, values = k, v
+            if prompt is not None:  # the prompt's keys/values first, repeated for its R rows
+                r = x.shape[0] // prompt.v.shape[0]
+                keys = jnp.concatenate([jnp.repeat(prompt.k.swapaxes(-1, -2), r, axis=0), k],
+                                       axis=2)  # [B*R, K, P+T, H]
+                values = jnp.concatenate([jnp.repeat(prompt.v, r, axis=0), v], axis=2)
+            o = attention.self_attention(q, keys, values, ctx.bias)  # [B*R, K, G, T, H]
+        return self.out(o.transpose(0, 3, 1, 2, 4)), rows, (k, v)
 
     def out(self, o: Array) -> Array:
         """o [B, T, K, G, H] -> [B, T, D] (heads minor, so the weight is used as stored)."""
         b, t = o.shape[:2]
         return dense(o.reshape(b * t, -1), self.o_proj, self.options.dtype).reshape(b, t, -1)
-
-    def seq(self, x: Array, ctx: SeqContext) -> tuple[Array, tuple[Array, Array]]:
-        q, k, v = self.qkv(x, ctx.cos, ctx.sin)
-        o = attention.self_attention(q, k, v, ctx.bias)
-        return self.out(o.transpose(0, 3, 1, 2, 4)), (k, v)
 
 
 class Mlp(nn.Module):
@@ -228,11 +214,10 @@ class Mlp(nn.Module):
 
 
 class Block(nn.Module):
-    """One decoder layer. `carry` is x [B, T, D] (SeqContext) or (x, gen_k, gen_v)
-    (DecodeContext) with the generated cache: the full stacked [L, ...] arrays when scanned,
-    this layer's arrays when unrolled; `xs` is None or (layer index, or None for a per-layer
-    cache; prompt_k, prompt_v of this layer). `ys`: this layer's (k, v) (encode) or None.
-    Signature fits `nn.scan`."""
+    """One decoder layer, its signature fit for `nn.scan`: carry (x [B*R, T, D], row cache
+    or None), xs (layer index or None, prompt cache or None), ctx -> ((x, row cache), this
+    layer's (k, v)). Caches are this layer's (unrolled) or, for the row cache, the stacked
+    [L, ...] one indexed by `layer` (scanned); see `Attention.__call__`."""
 
     config: Qwen3Config
     options: ModelOptions
@@ -245,58 +230,15 @@ class Block(nn.Module):
         self.attn = Attention(self.config, self.options, self.layout)
         self.mlp = Mlp(self.config, self.options, self.layout)
 
-    def __call__(self, carry: Any, xs: Any, ctx: SeqContext | GroupedContext | DecodeContext
-                 ) -> tuple[Any, Any]:
+    def __call__(self, carry: tuple[Array, Any], xs: tuple[Any, Any], ctx: Context
+                 ) -> tuple[tuple[Array, Any], tuple[Array, Array]]:
         eps, dt = self.config.rms_norm_eps, self.options.dtype
-        if isinstance(ctx, GroupedContext):  # carry: prompts [B, P, D], responses [B*R, N, D]
-            xp, xr = carry
-            hp, hr = self.attn.grouped(rms_norm(xp, self.input_norm, eps, dt),
-                                       rms_norm(xr, self.input_norm, eps, dt), ctx)
-            out = []
-            for x in (xp + hp, xr + hr):
-                x = x + self.mlp(rms_norm(x, self.post_attn_norm, eps, dt))
-                out.append(sharding.constrain(x, self.layout.act_btd))
-            return tuple(out), None
-        if isinstance(ctx, SeqContext):
-            x = carry
-            # Each layer's (k, v) is returned for a prompt cache; unused, it is dead code.
-            h, ys = self.attn.seq(rms_norm(x, self.input_norm, eps, dt), ctx)
-        else:
-            x, cache_k, cache_v = carry
-            layer, prompt_k, prompt_v = xs
-            q, k_new, v_new = self.attn.qkv(rms_norm(x, self.input_norm, eps, dt),
-                                            ctx.cos, ctx.sin)
-            # Write this step's key/value into slot `index` (keys are cached transposed,
-            # [.., H, N]), then read the layer back: write-before-read lets XLA update the
-            # loop-carried cache in place.
-            cache_k, gen_k = _write_slot(cache_k, k_new.swapaxes(2, 3), layer, ctx.index, -1)
-            cache_v, gen_v = _write_slot(cache_v, v_new, layer, ctx.index, -2)
-            o = attention.decode_attention(q[:, :, :, 0], prompt_k, prompt_v, gen_k, gen_v,
-                                           ctx.prompt_mask, ctx.gen_mask)
-            h = self.attn.out(o[:, None])
-            ys = None
+        x, rows = carry  # [B*R, T, D]
+        layer, prompt = xs
+        h, rows, kv = self.attn(rms_norm(x, self.input_norm, eps, dt), ctx, prompt, rows, layer)
         x = x + h
         x = x + self.mlp(rms_norm(x, self.post_attn_norm, eps, dt))
-        x = sharding.constrain(x, self.layout.act_btd)
-        return (x if isinstance(ctx, SeqContext) else (x, cache_k, cache_v)), ys
-
-
-def _write_slot(cache: Array, new: Array, layer: Array | None, index: Array, axis: int
-                ) -> tuple[Array, Array]:
-    """Writes `new` (one slot, size 1 on `axis`) at slot `index` of this layer's cache ->
-    (the updated cache, this layer's array). `cache` is this layer's array (layer None), or
-    the stacked [L, ...] one (indexing a size-1 layer axis instead copies the whole per-layer
-    cache every step on XLA:CPU)."""
-    new = new.astype(cache.dtype)
-    if layer is None:
-        starts = [0] * cache.ndim
-        starts[axis] = index
-        cache = jax.lax.dynamic_update_slice(cache, new, starts)
-        return cache, cache
-    starts = [0] * cache.ndim
-    starts[0], starts[axis] = layer, index
-    cache = jax.lax.dynamic_update_slice(cache, new[None], starts)
-    return cache, jax.lax.dynamic_index_in_dim(cache, layer, 0, keepdims=False)
+        return (sharding.constrain(x, self.layout.act_btd), rows), kv
 
 
 _REMAT_POLICIES = {
@@ -336,86 +278,84 @@ class Qwen3(nn.Module):
             self.value_head = self.param("value_head", init, (c.hidden_size,), o.param_dtype)
             self.value_bias = self.param("value_bias", nn.initializers.zeros, (), o.param_dtype)
 
-    def _layers(self, carry: Any, xs: Any, ctx: Any) -> tuple[Any, Any]:
-        """Runs the blocks; per-layer outputs come back stacked [L, ...] (scan) or as a
-        tuple of L arrays (unrolled)."""
+    def _layers(self, x: Array, ctx: Context, prompt: Any = None, rows: Any = None
+                ) -> tuple[Array, Any, Any]:
+        """The one place that runs the blocks, scanned or unrolled: x [B*R, T, D] -> (x, the
+        row cache after its writes or None, every layer's (k, v) [B*R, K, T, H]). Caches and
+        the (k, v) are stacked [L, ...] (scan) or tuples of L per-layer ones (unrolled)."""
         if self.options.scan_layers:
-            return self.layers(carry, xs, ctx)
-        ys = []
-        for i, layer in enumerate(self.layers):
-            carry, y = layer(carry, jax.tree.map(lambda a, i=i: a[i], xs), ctx)
-            ys.append(y)
-        return carry, (tuple(zip(*ys)) if ys[0] is not None else None)
+            layer_ids = jnp.arange(self.config.num_hidden_layers)
+            (x, rows), kv = self.layers((x, rows), (layer_ids, prompt), ctx)
+            return x, rows, kv
+        kvs, new_rows = [], []
+        for i, block in enumerate(self.layers):
+            (x, r), kv = block((x, None if rows is None else rows[i]),
+                               (None, None if prompt is None else prompt[i]), ctx)
+            kvs.append(kv)
+            new_rows.append(r)
+        return x, (None if rows is None else tuple(new_rows)), tuple(kvs)
 
     def _embed(self, tokens: Array) -> Array:
         # Out-of-range ids clamp (no NaN fill): no bounds select in every consumer fusion.
         x = jnp.take(self.embedding, tokens, axis=0, mode="clip").astype(self.options.dtype)
         return sharding.constrain(x, self.layout.act_btd)
 
+    def _final_norm(self, x: Array) -> Array:
+        return rms_norm(x, self.final_norm, self.config.rms_norm_eps, self.options.dtype)
+
     def encode(self, tokens: Array, positions: Array, mask: Array,
-               segments: Array | None = None) -> tuple[Array, tuple[Array, Array]]:
+               segments: Array | None = None) -> tuple[Array, Any]:
         """tokens, positions [B, T] int32, mask [B, T] bool -> final-normed hidden [B, T, D]
-        and every layer's (k, v) [B, K, T, H], stacked [L, ...] when scanned, else tuples of
-        L arrays (dead code unless a prompt cache uses them). With `segments` [B, T] int
-        (packed rows), a token sees only the earlier tokens of its own segment."""
+        and every layer's (k, v) [B, K, T, H]: one stacked [L, ...] pair when scanned, else a
+        tuple of L pairs (dead code unless a prompt cache uses them). With `segments` [B, T]
+        int (packed rows), a token sees only the earlier tokens of its own segment."""
         t = tokens.shape[1]
         allowed = jnp.tril(jnp.ones((t, t), dtype=bool))[None] & mask[:, None, :]  # [B, T, S]
         if segments is not None:
             allowed &= segments[:, :, None] == segments[:, None, :]
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        ctx = SeqContext(cos, sin, attention.mask_bias(allowed))
-        x, kv = self._layers(self._embed(tokens), None, ctx)
-        return rms_norm(x, self.final_norm, self.config.rms_norm_eps, self.options.dtype), kv
+        ctx = Context(cos, sin, attention.mask_bias(allowed))
+        x, _, kv = self._layers(self._embed(tokens), ctx)
+        return self._final_norm(x), kv
 
     def encode_grouped(self, prompt: Array, prompt_mask: Array, response: Array
                        ) -> tuple[Array, Array]:
-        """prompt [B, P] int32 left-padded, prompt_mask [B, P] bool, response [B*R, N] int32
+        """prompt [B, P] int32 left-padded, prompt_mask [B, P] bool, response [B*R, C] int32
         (row b*R + r continues prompt b) -> final-normed hidden of the prompts [B, P, D] and
-        of the responses [B*R, N, D], equal to `encode` on each row's prompt + response (the
-        response's padding must come after its real tokens)."""
+        of the responses [B*R, C, D], equal to `encode` on each row's prompt + response (the
+        response's padding must come after its real tokens).
+
+        The prompts are encoded once; their keys/values are the responses' prompt cache
+        (autodiff sums the R responses' gradients back into the one prompt)."""
         c = self.config
         (b, p), (br, n) = prompt.shape, response.shape
         r = br // b
-        causal = lambda t: jnp.tril(jnp.ones((t, t), dtype=bool))
+        hp, kv = self.encode(prompt, positions_from_mask(prompt_mask), prompt_mask)
         prompt_len = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)  # [B]
-        pos_r = jnp.repeat(prompt_len, r)[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B*R, N]
+        pos_r = jnp.repeat(prompt_len, r)[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B*R, C]
         sees_prompt = jnp.broadcast_to(jnp.repeat(prompt_mask, r, axis=0)[:, None], (br, n, p))
-        allowed_r = jnp.concatenate(
-            [sees_prompt, jnp.broadcast_to(causal(n)[None], (br, n, n))], axis=-1)
-        ctx = GroupedContext(
-            SeqContext(*rope_tables(positions_from_mask(prompt_mask), c.head_dim, c.rope_theta),
-                       attention.mask_bias(causal(p)[None] & prompt_mask[:, None, :])),
-            SeqContext(*rope_tables(pos_r, c.head_dim, c.rope_theta),
-                       attention.mask_bias(allowed_r)))
-        (xp, xr), _ = self._layers((self._embed(prompt), self._embed(response)), None, ctx)
-        norm = lambda x: rms_norm(x, self.final_norm, c.rms_norm_eps, self.options.dtype)
-        return norm(xp), norm(xr)
+        causal = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), dtype=bool))[None], (br, n, n))
+        allowed = jnp.concatenate([sees_prompt, causal], axis=-1)  # [B*R, C, P+C]
+        ctx = Context(*rope_tables(pos_r, c.head_dim, c.rope_theta), attention.mask_bias(allowed))
+        prompt_kv = kv_cache.prompt_cache(kv, self.options.scan_layers)
+        xr, _, _ = self._layers(self._embed(response), ctx, prompt=prompt_kv)
+        return hp, self._final_norm(xr)
 
-    def decode(self, tokens: Array, positions: Array, cache: KVCache, prompt_mask: Array,
-               gen_mask: Array, index: Array) -> tuple[Array, KVCache]:
+    def decode(self, tokens: Array, positions: Array, cache: kv_cache.KVCache,
+               prompt_mask: Array, slot_mask: Array, index: Array
+               ) -> tuple[Array, kv_cache.KVCache]:
         """One step: tokens, positions [B*R] -> hidden [B*R, D] and the cache with this
-        step's keys/values written at generated slot `index`.
+        step's keys/values written at row-cache slot `index`; prompt_mask [B, P] bool,
+        slot_mask [C] bool (the slots written so far, this one included).
 
-        Unrolled, the cache fields are tuples of per-layer arrays, each updated in place with
-        no per-step slicing copies; scanned, they are stacked [L, ...] arrays carried through
-        the scan (compile time over speed)."""
+        Unrolled, the row cache is a tuple of per-layer arrays, each updated in place with
+        no per-step slicing copies; scanned, a stacked [L, ...] one carried through the scan
+        (compile time over speed)."""
         c = self.config
-        cos, sin = rope_tables(positions[:, None], c.head_dim, c.rope_theta)
-        ctx = DecodeContext(cos, sin, prompt_mask, gen_mask, index)
-        x = self._embed(tokens[:, None])
-        if self.options.scan_layers:
-            layer_ids = jnp.arange(c.num_hidden_layers)
-            (x, gen_k, gen_v), _ = self.layers(
-                (x, cache.gen_k, cache.gen_v), (layer_ids, cache.prompt_k, cache.prompt_v), ctx)
-        else:
-            gen_k, gen_v = list(cache.gen_k), list(cache.gen_v)
-            for i, layer in enumerate(self.layers):
-                (x, gen_k[i], gen_v[i]), _ = layer((x, gen_k[i], gen_v[i]),
-                                                   (None, cache.prompt_k[i], cache.prompt_v[i]),
-                                                   ctx)
-            gen_k, gen_v = tuple(gen_k), tuple(gen_v)
-        x = rms_norm(x[:, 0], self.final_norm, c.rms_norm_eps, self.options.dtype)
-        return x, cache._replace(gen_k=gen_k, gen_v=gen_v)
+        cos, sin = rope_tables(positions[:, None], c.head_dim, c.rope_theta)  # [B*R, 1, H/2]
+        ctx = Context(cos, sin, None, prompt_mask, slot_mask, index)
+        x, rows, _ = self._layers(self._embed(tokens[:, None]), ctx, cache.prompt, cache.rows)
+        return self._final_norm(x[:, 0]), cache._replace(rows=rows)
 
     def logits(self, hidden: Array) -> Array:
         """hidden [..., D] -> float32 logits [..., V]."""
