@@ -32,9 +32,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import sharding
+from ibpo_jax.models import kv_cache
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM
-from ibpo_jax.models import kv_cache
 from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
 
 Array = jax.Array
