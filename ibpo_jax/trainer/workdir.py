@@ -10,7 +10,7 @@ stop when the updates have stopped being applied.
   ``train.allow_config_change``; an accepted change is appended, with its step, to
   ``config_history.jsonl``, and ``config.json`` keeps the config the run started with.
 - `StallGuard`: K steps in a row whose updates were all skipped as non-finite stop the run
-  (DESIGN §6's loop would otherwise export the weights of a run that stopped learning).
+  (the loop would otherwise go on and export the weights of a run that stopped learning).
 
 Every error here is a `RunError`: one line that names its culprit (workdir, config key,
 checkpoint); the entry points print it without a traceback.

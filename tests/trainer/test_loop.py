@@ -191,3 +191,88 @@ def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
         assert p.returncode == 0, out[-3000:]
     _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
     assert (tmp_path / "hf_final" / "config.json").exists()
+
+
+def test_damaged_latest_checkpoint_and_torn_metrics_line_resume_the_same_run(
+        uninterrupted_dir, uninterrupted, data_dir, tmp_path):
+    """A finished run's last checkpoint cut short and its metrics' last line torn: rerunning
+    skips the damaged step 6 (naming it), resumes from step 4 and ends with the same rows."""
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(uninterrupted_dir, workdir)
+    data = max((p for p in (workdir / "checkpoints" / "6" / "state").rglob("*") if p.is_file()),
+               key=lambda p: p.stat().st_size)
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    metrics = workdir / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 7, "reward_me')
+    cmd, env = _train_cmd(workdir, data_dir, 1)
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"skipping damaged checkpoint {workdir / 'checkpoints' / '6'} (" in out.stdout
+    assert "dropped a torn last line" in out.stderr
+    assert f"resumed from {workdir / 'checkpoints'}/4" in out.stdout
+    assert _comparable(read_metrics(metrics)) == _comparable(uninterrupted)
+
+
+def test_changed_config_resumes_only_when_allowed_and_is_recorded(uninterrupted_dir, data_dir,
+                                                                  tmp_path):
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(uninterrupted_dir, workdir)
+    original = (workdir / "config.json").read_text()
+    cmd, env = _train_cmd(workdir, data_dir, 1, "--config.train.steps=7")
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "error: the config differs" in out.stderr and "train.steps: 6 -> 7" in out.stderr
+    out = subprocess.run([*cmd, "--config.train.allow_config_change=true"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(workdir / "metrics.jsonl")] == list(range(8))
+    assert (workdir / "config.json").read_text() == original
+    (row,) = [json.loads(line) for line in (workdir / "config_history.jsonl").open()]
+    assert row["step"] == 6 and row["changes"]["train.steps"] == {"old": 6, "new": 7}
+    assert row["changes"]["train.allow_config_change"] == {"old": False, "new": True}
+
+
+def test_stalled_updates_stop_the_run_before_the_export(data_dir, tmp_path, monkeypatch):
+    """Updates made non-finite (a NaN scale after AdamW): the step skips them, and after
+    workdir.MAX_STALLED_STEPS such steps in a row the run stops instead of exporting."""
+    import optax
+
+    from ibpo_jax.trainer import workdir
+
+    make = loop.make_optimizer
+    monkeypatch.setattr(loop, "make_optimizer", lambda optim, **kw: optax.chain(
+        make(optim, **kw), optax.scale(float("nan"))))
+    cfg = config.load("configs/ibpo_gspo.py:smoke", _overrides(data_dir, **{"train.steps": 8}))
+    with pytest.raises(workdir.UpdatesStalled, match="updates of each step were skipped"):
+        loop.run(cfg, workdir=tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    per_step = cfg.optim.epochs * cfg.optim.minibatches
+    stalled = rows[-workdir.MAX_STALLED_STEPS:]
+    assert all(r["updates_skipped_nonfinite"] == per_step for r in stalled)
+    assert rows[-1]["step"] < 8 and not (tmp_path / "hf_final").exists()
+    with workdir.RunLock(tmp_path):  # the failed run released its workdir
+        pass
+
+
+def test_evaluate_cli_prints_one_line_naming_the_checkpoint(uninterrupted_dir, data_dir,
+                                                            tmp_path):
+    """No readable checkpoint in a workdir: one line naming it (the traceback with --debug)."""
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(uninterrupted_dir, workdir)
+    for record in (workdir / "checkpoints").glob("*/meta/metadata"):
+        record.unlink()
+    cmd = [sys.executable, "-m", "ibpo_jax.evaluate", "--config=configs/ibpo_gspo.py:smoke",
+           f"--checkpoint={workdir}", f"--config.task.data_dir={data_dir}"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"error: --checkpoint {workdir}: no readable checkpoint in {workdir / 'checkpoints'}" \
+        in out.stderr
+    out = subprocess.run([*cmd, "--debug"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 1 and "Traceback" in out.stderr
