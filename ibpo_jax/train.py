@@ -37,6 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from ibpo_jax.trainer import workdir  # no jax: a busy workdir is refused in a second
+
+    try:
+        if not cfg.train.distributed:  # a probe; loop.run holds the lock for the run
+            workdir.RunLock(args.workdir).acquire().release()
+    except workdir.WorkdirInUse as e:
+        if workdir.debug_requested(args.debug):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     from ibpo_jax import hostmem
 
     hostmem.reuse_freed_memory()  # before jax starts its threads
@@ -45,8 +55,6 @@ def main(argv: list[str] | None = None) -> int:
 
     # Multi-host: the coordinator comes from the cluster environment.
     sharding.initialize_distributed(cfg.train.distributed)
-
-    from ibpo_jax.trainer import workdir
 
     try:
         loop.run(cfg, workdir=args.workdir)
