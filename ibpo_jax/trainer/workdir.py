@@ -147,17 +147,12 @@ def describe(changes: dict[str, tuple[Any, Any]]) -> str:
     return ", ".join(f"{k}: {json.dumps(o)} -> {json.dumps(n)}" for k, (o, n) in changes.items())
 
 
-def allows_change(cfg: Any) -> bool:
-    # The key is being added to config.TrainLoopConfig; configs without it refuse.
-    return bool(getattr(cfg.train, "allow_config_change", False))
-
-
 def check_config(saved: dict[str, Any], cfg: Any, *, where: str) -> dict[str, tuple[Any, Any]]:
     """The changes from `saved` (the config of checkpoint `where`) to `cfg`; raises
     ConfigChanged naming them when any alters training and the config does not allow it."""
     changes = config_changes(saved, cfg.to_dict())
     training = {k: v for k, v in changes.items() if k not in OPERATIONAL_KEYS}
-    if training and not allows_change(cfg):
+    if training and not cfg.train.allow_config_change:
         raise ConfigChanged(
             f"the config differs from the one checkpoint {where} was trained with "
             f"({describe(training)}); resume with the same config, use another --workdir, or "
