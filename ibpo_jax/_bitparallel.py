@@ -274,15 +274,17 @@ def _reverse(x, length):
     return jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1), axis=1)
 
 
-def _lcs_alignment_chunk(a, b, a_len, b_len):
-    """`lcs_alignment_batch` for one chunk of pairs.
+def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None):
+    """`lcs_alignment_batch` for one chunk of pairs (q, f: `greedy_embedding`, computed here
+    when not given).
 
     One backward pass over a (text = a reversed, pattern = b reversed): after the text column
     holding a[k], the low r bits of V give LCS(a[k:], b[m - r:]) for every r; the kernel counts
-    them at r_k = m - q_k only, q_k from `greedy_embedding`.
+    them at r_k = m - q_k only.
     """
     n_a = a.shape[1]
-    q, f = greedy_embedding(a, b, a_len, b_len)
+    if q is None:
+        q, f = greedy_embedding(a, b, a_len, b_len)
     k = a_len[:, None] - 1 - jnp.arange(n_a)[None, :]  # [P, La]: a[k] at backward column c
     live = (k >= 0) & (k <= f[:, None])  # q_k is defined exactly for k <= f
     q_k = jnp.take_along_axis(q, jnp.clip(k, 0, n_a), axis=1)
@@ -346,18 +348,19 @@ def _levenshtein_chunk(a, b, a_len, b_len):
     return b_len + _popcount(pv & mask) - _popcount(mv & mask)
 
 
-def _in_chunks(kernel, chunk, a, b, a_len, b_len):
-    """Runs `kernel` over chunks of at most `chunk` pairs (lax.map) and restores [P].
+def _in_chunks(kernel, chunk, *args):
+    """Runs `kernel` over chunks of at most `chunk` pairs (lax.map) and restores [P]; every
+    argument has the pair axis first.
 
     Keeps the stripe width, the match table and the per-stripe maps at their single-chunk
     sizes, so the cost grows linearly with the number of pairs.
     """
-    n_pairs = a.shape[0]
+    n_pairs = args[0].shape[0]
     if n_pairs <= chunk:
-        return kernel(a, b, a_len, b_len)
+        return kernel(*args)
     n_chunks = -(-n_pairs // chunk)
     extra = n_chunks * chunk - n_pairs  # padding pairs have zero lengths
-    args = [jnp.pad(x, ((0, extra),) + ((0, 0),) * (x.ndim - 1)) for x in (a, b, a_len, b_len)]
+    args = [jnp.pad(x, ((0, extra),) + ((0, 0),) * (x.ndim - 1)) for x in args]
     args = [x.reshape((n_chunks, chunk) + x.shape[1:]) for x in args]
     out = lax.map(lambda xs: kernel(*xs), args)
     return jax.tree.map(lambda y: y.reshape((n_chunks * chunk,) + y.shape[2:])[:n_pairs], out)
@@ -380,7 +383,9 @@ def lcs_alignment_batch(a, b, a_len, b_len):
     embedding of a[:k] in b. Same shapes as lcs_first_error_batch. Cost: one LCS pass with a
     masked popcount per word and column, plus one scan over b for the greedy embedding.
     """
-    return _in_chunks(_lcs_alignment_chunk, _CHUNK_PAIRS, a, b, a_len, b_len)
+    # the greedy scan is cheap per column: one scan over all pairs, not one per chunk
+    q, f = greedy_embedding(a, b, a_len, b_len)
+    return _in_chunks(_lcs_alignment_chunk, _CHUNK_PAIRS, a, b, a_len, b_len, q, f)
 
 
 def levenshtein_batch(a, b, a_len, b_len):

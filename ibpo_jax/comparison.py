@@ -20,7 +20,9 @@ Unit budget: by default every unit of a response has a slot (token units: the re
 steps: (T + 1) // 2, the most steps T tokens can hold), so no budget changes φ. A smaller
 `max_units` (memory) covers only the first units: `response_units` flags such rows
 (`truncated`), their uncovered tail is left out of φ's denominator and out of Δ (its tokens get
-the sequence credit φ_i, see `token_delta`).
+the sequence credit φ_i, see `token_delta`). A cap can still move φ of a row that fits it through
+a truncated correct peer (its dropped units can no longer be matched): only the default budget
+makes φ exact; log the truncated fraction whenever a cap is set.
 
 Step units (`split_steps`) are hashed on device to one int32 per step (see `_hash_steps` for the
 collision rate).
