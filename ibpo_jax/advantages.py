@@ -238,3 +238,38 @@ def gae(
     )
     advantages = adv_t.T
     return advantages, jnp.where(valid, advantages + values, 0.0)
+
+
+def ppo_advantages(
+    *,
+    terminal_reward: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    gamma: float,
+    lam: float,
+    whiten: bool,
+    eps: float,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO's per-token advantages (DESIGN §3): the shaped terminal reward r̃ = R + λφ (eq. 5)
+    at each response's last valid token, GAE with γ and λ_GAE (`gae`), then, with `whiten`,
+    advantages whitened over the batch's valid tokens: (A - mean) / (std + eps).
+
+    Args:
+      terminal_reward: [B] float r̃ per response; values: [B, T] value-head predictions (no
+        gradient); mask: [B, T] valid response tokens (a prefix of each row, incl. EOS).
+      gamma, lam: GAE's discount and λ; whiten: normalize over the batch; eps: added to std.
+
+    Returns:
+      (advantages [B, T], returns [B, T]) float32, 0 on invalid positions; returns are the
+      unwhitened advantages plus values (the value head's targets).
+    """
+    valid = jnp.asarray(mask).astype(bool)
+    last = jax.nn.one_hot(jnp.sum(valid, axis=-1) - 1, valid.shape[1]) * valid
+    adv, returns = gae(rewards=last * jnp.asarray(terminal_reward, jnp.float32)[:, None],
+                       values=values, mask=valid, gamma=gamma, lam=lam)
+    if whiten:
+        n = jnp.maximum(jnp.sum(valid), 1)
+        mean = jnp.sum(jnp.where(valid, adv, 0.0)) / n
+        var = jnp.sum(jnp.where(valid, jnp.square(adv - mean), 0.0)) / n
+        adv = jnp.where(valid, (adv - mean) / (jnp.sqrt(var) + eps), 0.0)
+    return adv, returns

@@ -20,8 +20,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax.losses import Stat, kl_penalty, safe_div
-from ibpo_jax.registry import AGGREGATIONS, TRANSFORMS
+from ibpo_jax.losses import LossSpec, Stat, coefficients, kl_penalty, safe_div, token_adv
+from ibpo_jax.registry import TRANSFORMS
 
 # Document-frequency buckets of the context-free residual (see `bucketed_residual_terms`).
 DEFAULT_BUCKET_EDGES = (0.25, 0.5, 0.75, 1.0)
@@ -266,29 +266,26 @@ def apply_transform(
 
 
 def reweighted_loss(
+    spec: LossSpec,
     *,
     logp: jax.Array,
     adv: jax.Array,
     weights: jax.Array,
     mask: jax.Array,
     ref_logp: jax.Array | None = None,
-    beta: float = 0.0,
-    kl_estimator: str = "k3",
-    aggregation: str = "seq_mean_token_mean",
-    norm_const: float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Surrogate whose gradient is the transformed policy gradient, plus the KL term.
 
     num = -Σ_it sg(w'_it) A_it logp_it + β·KL numerator, den = the aggregation's den, so
     ∂(num/den)/∂logp_it = -A_it w'_it / den: with w' = `token_weights(...)` this reproduces the
     loss's policy gradient (the weights already hold the aggregation coefficients, so only den is
-    taken from `aggregation`). The value of the surrogate part is not the loss; log the loss's
+    taken from `spec.aggregation`). The value of the surrogate part is not the loss; log the loss's
     own metrics.
 
     Args:
       logp: [B, T] (carries gradient); adv: [B] or [B, T]; weights: [B, T] w' (any batch of
-      groups flattened to rows); mask: [B, T]; ref_logp, beta, kl_estimator, aggregation,
-      norm_const: as for the policy losses.
+      groups flattened to rows); mask: [B, T]; ref_logp: [B, T] when spec.beta != 0.
+      spec: the loss hyperparameters (aggregation, KL), as for the policy losses.
     Returns:
       (num, den) float32 scalars.
     """
@@ -299,13 +296,10 @@ def reweighted_loss(
                          f"{jnp.shape(mask)} must all be the same [B, T]")
     if adv.shape not in (logp.shape, logp.shape[:1]):
         raise ValueError(f"adv {adv.shape} must be [B] or [B, T] for logp {logp.shape}")
-    adv = adv[:, None] if adv.ndim == 1 else adv
     valid = jnp.asarray(mask).astype(bool)
     logp = jnp.where(valid, logp, 0.0)  # padding may hold -inf / NaN
     w = jax.lax.stop_gradient(jnp.where(valid, jnp.asarray(weights, jnp.float32), 0.0))
-    pg_num = -jnp.sum(w * jnp.where(valid, adv, 0.0) * logp)
-    _, den = AGGREGATIONS.get(aggregation, key="aggregation")(valid, norm_const=norm_const)
-    kl_num, _ = kl_penalty(logp=logp, ref_logp=ref_logp, mask=valid, beta=beta,
-                           kl_estimator=kl_estimator, aggregation=aggregation,
-                           norm_const=norm_const)
+    pg_num = -jnp.sum(w * token_adv(adv, valid) * logp)
+    _, den = coefficients(spec, valid)
+    kl_num, _ = kl_penalty(spec, logp=logp, ref_logp=ref_logp, mask=valid)
     return pg_num + kl_num, den

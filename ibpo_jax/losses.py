@@ -1,14 +1,15 @@
 """Policy objectives, loss aggregations and KL estimators (paper §3.4, DESIGN §4).
 
 Shapes: B sequences (responses), T response positions, V vocabulary. `mask` [B, T] marks the
-response tokens the policy loss covers (incl. EOS). Every loss takes one keyword-only signature
+response tokens the policy loss covers (incl. EOS). Every policy loss is a registered function
+(`registry.LOSSES`) taking the hyperparameters as ONE `LossSpec` (the config's `loss` section)
+plus the arrays, keyword-only:
 
-    fn(*, logp, old_logp, adv, mask, ref_logp=None, beta=0.0, kl_estimator="k3",
-       aggregation="seq_mean_token_mean", clip_eps_low=<default>, clip_eps_high=<default>,
-       norm_const=None, logits=None) -> LossOutput(num, den, metrics)
+    grpo_loss(spec, *, logp, old_logp, adv, mask, ref_logp=None, logits=None)
+        -> LossOutput(num, den, metrics, weights)
 
-so the trainer dispatches by name (`registry.LOSSES`). The loss is num / den; num and den are kept
-apart so that Σ num / Σ den over micro-batches equals the full-batch loss (and its gradient).
+The loss is num / den; num and den are kept apart so that Σ num / Σ den over micro-batches
+equals the full-batch loss (and its gradient).
 
 Aggregations (`registry.AGGREGATIONS`) are per-token coefficients c_it plus a denominator:
 num = Σ_it c_it ℓ_it. Sequence-level losses (GSPO) put their ℓ_i on every valid token of the
@@ -20,30 +21,23 @@ Ratios: ρ = exp(logπ_θ - logπ_old) from a log ratio that is zeroed on paddin
 branch with an explicit test instead of `minimum`, so the gradient is exactly -A·ρ·1[unclipped]
 also at the clip boundary (`minimum` splits a tie's gradient in halves).
 
-Token weights (DESIGN §5): `token_weights` returns w with ∂num_pg/∂logp_it = -A_it · w_it, the
-policy part of the gradient without its advantage (ratio factors, clip indicators, aggregation
-coefficients); the loss gradient is that divided by den.
+Token weights (DESIGN §5): `LossOutput.weights` (and `token_weights`) is w with ∂num_pg/∂logp_it
+= -A_it · w_it, the policy part of the gradient without its advantage (ratio factors, clip
+indicators, aggregation coefficients); the loss gradient is that divided by den.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from ibpo_jax.config import LossConfig as LossSpec  # the loss hyperparameters, one dataclass
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 
 LOG_RATIO_CLAMP = 20.0
-
-# (clip_eps_low, clip_eps_high) per loss: ε = 0.2 for GRPO / PPO, GSPO paper's 3e-4 / 4e-4.
-CLIP_DEFAULTS = {
-    "grpo": (0.2, 0.2),
-    "ppo": (0.2, 0.2),
-    "gspo": (3e-4, 4e-4),
-    "gspo_token": (3e-4, 4e-4),
-}
 
 
 class Stat(NamedTuple):
@@ -60,6 +54,7 @@ class LossOutput(NamedTuple):
     num: jax.Array
     den: jax.Array
     metrics: dict
+    weights: jax.Array | None = None  # [B, T] DESIGN §5 w_it (policy losses), stop-gradient
 
 
 def safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
@@ -126,11 +121,16 @@ def seq_mean_token_sum_norm(mask: jax.Array, *, norm_const=None) -> tuple[jax.Ar
     return m / norm_const, jnp.sum(jnp.any(m > 0, axis=-1)).astype(jnp.float32)
 
 
-def aggregate(
-    per_token: jax.Array, mask: jax.Array, *, aggregation: str, norm_const=None
-) -> tuple[jax.Array, jax.Array]:
-    """(num, den) of per-token values [B, T] under a named aggregation; padding is ignored."""
-    coeff, den = AGGREGATIONS.get(aggregation, key="aggregation")(mask, norm_const=norm_const)
+def coefficients(spec: LossSpec, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(c [B, T], den) of spec.aggregation for the valid tokens [B, T]."""
+    agg = AGGREGATIONS.get(spec.aggregation, key="config.loss.aggregation")
+    return agg(valid, norm_const=spec.norm_const or None)
+
+
+def aggregate(spec: LossSpec, per_token: jax.Array, mask: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+    """(num, den) of per-token values [B, T] under spec.aggregation; padding is ignored."""
+    coeff, den = coefficients(spec, mask)
     return jnp.sum(coeff * jnp.where(mask.astype(bool), per_token, 0.0)), den
 
 
@@ -159,187 +159,30 @@ def kl_k2(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
     return 0.5 * jnp.square(logp - ref_logp)
 
 
-# --------------------------------------------------------------------------- policy terms
-
-
-class _Terms(NamedTuple):
-    loss: jax.Array  # [B, T] per-token ℓ (sequence losses broadcast), 0 on padding
-    weight: jax.Array  # [B, T] w: ∂(Σ c ℓ)/∂logp_it = -A_it w_it
-    ratio: jax.Array  # ratio per unit: [B, T] tokens or [B] sequences
-    ratio_valid: jax.Array  # bool, ratio's shape
-    clipped: jax.Array  # bool [B, T] or [B]: the clipped branch was taken
-    clip_valid: jax.Array  # bool, clipped's shape
-
-
-def _token_adv(adv, valid):
-    """[B] or [B, T] advantages as [B, T], 0 on padding (which may hold anything)."""
-    return jnp.where(valid, adv[:, None] if adv.ndim == 1 else adv, 0.0)
-
-
-def _clipped_surrogate(ratio, adv, eps_low, eps_high):
-    """ℓ = -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A) and the clipped-branch indicator."""
-    clipped_ratio = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    take_clipped = jax.lax.stop_gradient(clipped_ratio * adv < ratio * adv)
-    # Where the clipped branch wins, ρ is strictly outside the range, so that branch is flat.
-    return -jnp.where(take_clipped, clipped_ratio * adv, ratio * adv), take_clipped
-
-
-def _seq_log_ratio(log_ratio, valid):
-    n = jnp.sum(valid, axis=-1)
-    mean = jnp.sum(log_ratio, axis=-1) / jnp.maximum(n, 1)
-    return jnp.clip(mean, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), n
-
-
-def _token_terms(log_ratio, logp, adv, valid, coeff, eps_low, eps_high) -> _Terms:
-    """GRPO / PPO: per-token ratio ρ_it; w_it = c_it ρ_it 1[unclipped_it]."""
-    del logp
-    ratio = jnp.exp(log_ratio)
-    loss, clipped = _clipped_surrogate(ratio, _token_adv(adv, valid), eps_low, eps_high)
-    weight = coeff * ratio * ~clipped
-    clipped = clipped & valid
-    return _Terms(jnp.where(valid, loss, 0.0), weight, ratio, valid, clipped, valid)
-
-
-def _gspo_terms(log_ratio, logp, adv, valid, coeff, eps_low, eps_high) -> _Terms:
-    """GSPO (adv [B]): s_i = exp(mean_t log ρ_it), ℓ_i on each valid token.
-
-    ∂(Σ_t c_it ℓ_i)/∂logp_it = -A_i (Σ_t' c_it') s_i 1[unclipped_i] / n_i.
-    """
-    del logp
-    seq_lr, n = _seq_log_ratio(log_ratio, valid)
-    s = jnp.exp(seq_lr)
-    loss, clipped = _clipped_surrogate(s, adv, eps_low, eps_high)
-    has = n > 0
-    w_seq = jnp.sum(coeff, axis=-1) * s * ~clipped / jnp.maximum(n, 1)
-    return _Terms(
-        jnp.where(valid, loss[:, None], 0.0),
-        jnp.where(valid, w_seq[:, None], 0.0),
-        s, has, clipped & has, has,
-    )
-
-
-def _gspo_token_terms(log_ratio, logp, adv, valid, coeff, eps_low, eps_high) -> _Terms:
-    """GSPO-token: s_it = sg[s_i] exp(logp_it - sg[logp_it]); w_it = c_it s_i 1[unclipped_it]."""
-    seq_lr, n = _seq_log_ratio(log_ratio, valid)
-    s = jax.lax.stop_gradient(jnp.exp(seq_lr))
-    s_tok = s[:, None] * jnp.exp(logp - jax.lax.stop_gradient(logp))
-    loss, clipped = _clipped_surrogate(s_tok, _token_adv(adv, valid), eps_low, eps_high)
-    weight = coeff * s[:, None] * ~clipped
-    return _Terms(jnp.where(valid, loss, 0.0), weight, s, n > 0, clipped & valid, valid)
-
-
-# name -> (kernel, advantage ranks accepted: 1 = [B], 2 = [B, T])
-_KERNELS: dict[str, tuple[Callable[..., _Terms], tuple[int, ...]]] = {
-    "grpo": (_token_terms, (1, 2)),
-    "ppo": (_token_terms, (2,)),
-    "gspo": (_gspo_terms, (1,)),
-    "gspo_token": (_gspo_token_terms, (1, 2)),
-}
-
-
-def _policy_terms(name, *, logp, old_logp, adv, mask, aggregation, clip_eps_low, clip_eps_high,
-                  norm_const):
-    kernel, ranks = _KERNELS[name]
-    logp = jnp.asarray(logp, jnp.float32)
-    old_logp = jnp.asarray(old_logp, jnp.float32)
-    adv = jnp.asarray(adv, jnp.float32)
-    if logp.ndim != 2:
-        raise ValueError(f"logp must be [B, T]; got shape {logp.shape}")
-    for arg, x in (("old_logp", old_logp), ("mask", mask)):
-        if jnp.shape(x) != logp.shape:
-            raise ValueError(f"{arg} {jnp.shape(x)} must have logp's shape {logp.shape}")
-    if adv.ndim not in ranks or adv.shape != logp.shape[: adv.ndim]:
-        want = " or ".join(("[B]", "[B, T]")[r - 1] for r in ranks)
-        hint = "; use 'gspo_token' for per-token advantages" if name == "gspo" else ""
-        raise ValueError(f"loss {name!r} needs adv {want}; got {adv.shape}{hint}")
-    low, high = CLIP_DEFAULTS[name]
-    low = low if clip_eps_low is None else clip_eps_low
-    high = high if clip_eps_high is None else clip_eps_high
-    valid = jnp.asarray(mask).astype(bool)
-    # Padding may hold anything (-inf, NaN); zero it before any arithmetic so that neither values
-    # nor gradients (0 · inf) can pick it up.
-    logp = jnp.where(valid, logp, 0.0)
-    log_ratio = jnp.where(valid, logp - old_logp, 0.0)
-    log_ratio = jnp.clip(log_ratio, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    coeff, den = AGGREGATIONS.get(aggregation, key="aggregation")(valid, norm_const=norm_const)
-    terms = kernel(log_ratio, logp, adv, valid, coeff, low, high)
-    return terms, coeff, den, valid, logp
-
-
-def token_weights(
-    name: str,
-    *,
-    logp: jax.Array,
-    old_logp: jax.Array,
-    adv: jax.Array,
-    mask: jax.Array,
-    ref_logp: jax.Array | None = None,
-    beta: float = 0.0,
-    kl_estimator: str = "k3",
-    aggregation: str = "seq_mean_token_mean",
-    clip_eps_low: float | None = None,
-    clip_eps_high: float | None = None,
-    norm_const: float | None = None,
-    logits: jax.Array | None = None,
-) -> jax.Array:
-    """The weights w_it of DESIGN §5 for loss `name`: ∂num_pg/∂logp_it = -A_it · w_it.
-
-    Everything in the policy gradient except the advantage: ratio factor, clip indicator and
-    aggregation coefficient (the loss gradient is that over den). The KL part is not included;
-    ref_logp, beta, kl_estimator and logits are accepted so a loss's kwargs can be forwarded
-    unchanged. clip_eps_* = None means the loss's default (CLIP_DEFAULTS). The identity is exact
-    except on a token whose |log ratio| exceeds LOG_RATIO_CLAMP, where the clamp cuts the gradient.
-
-    Returns:
-      w: [B, T] float32, stop-gradient, 0 on padding.
-    """
-    del ref_logp, beta, kl_estimator, logits
-    LOSSES.check(name, key="loss")
-    terms, *_ = _policy_terms(
-        name, logp=logp, old_logp=old_logp, adv=adv, mask=mask, aggregation=aggregation,
-        clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, norm_const=norm_const,
-    )
-    return jax.lax.stop_gradient(terms.weight)
-
-
-def _kl_terms(*, logp, ref_logp, beta, kl_estimator, mask, aggregation, norm_const):
-    """(β·num_kl, den, Σ k over valid tokens, #valid tokens) of the KL penalty."""
-    if ref_logp is None:
-        if isinstance(beta, jax.core.Tracer) or float(beta) != 0:
-            raise ValueError(f"beta={beta} needs ref_logp (the reference policy's log-probs)")
-        return None
-    ref_logp = jnp.asarray(ref_logp, jnp.float32)
-    if ref_logp.shape != logp.shape:
-        raise ValueError(f"ref_logp {ref_logp.shape} must have logp's shape {logp.shape}")
-    valid = mask.astype(bool)
-    logp, ref_logp = jnp.where(valid, logp, 0.0), jnp.where(valid, ref_logp, 0.0)
-    kl = jnp.where(valid, KL_ESTIMATORS.get(kl_estimator, key="kl_estimator")(logp, ref_logp), 0.0)
-    num, den = aggregate(kl, valid, aggregation=aggregation, norm_const=norm_const)
-    return beta * num, den, jnp.sum(kl), jnp.sum(valid).astype(jnp.float32)
-
-
-def kl_penalty(
-    *,
-    logp: jax.Array,
-    ref_logp: jax.Array | None,
-    mask: jax.Array,
-    beta: float,
-    kl_estimator: str = "k3",
-    aggregation: str = "seq_mean_token_mean",
-    norm_const: float | None = None,
-) -> tuple[jax.Array, dict]:
-    """β · aggregated per-token KL estimate, as a numerator sharing the policy loss's den.
+def kl_penalty(spec: LossSpec, *, logp: jax.Array, ref_logp: jax.Array | None,
+               mask: jax.Array) -> tuple[jax.Array, dict]:
+    """β · aggregated per-token KL estimate (spec.beta, spec.kl_estimator), as a numerator
+    sharing the policy loss's den (spec.aggregation).
 
     Returns (num scalar, metrics {"kl_loss", "kl"}); empty metrics and num 0 without ref_logp.
     """
-    logp = jnp.asarray(logp, jnp.float32)
-    out = _kl_terms(logp=logp, ref_logp=ref_logp, beta=beta, kl_estimator=kl_estimator,
-                    mask=jnp.asarray(mask), aggregation=aggregation, norm_const=norm_const)
-    if out is None:
+    if ref_logp is None:
+        if spec.beta != 0:
+            raise ValueError(f"beta={spec.beta} needs ref_logp (the reference policy's log-probs)")
         return jnp.zeros((), jnp.float32), {}
-    num, den, kl_sum, n_tok = out
+    logp = jnp.asarray(logp, jnp.float32)
+    ref_logp = jnp.asarray(ref_logp, jnp.float32)
+    if ref_logp.shape != logp.shape:
+        raise ValueError(f"ref_logp {ref_logp.shape} must have logp's shape {logp.shape}")
+    valid = jnp.asarray(mask).astype(bool)
+    logp, ref_logp = jnp.where(valid, logp, 0.0), jnp.where(valid, ref_logp, 0.0)
+    estimator = KL_ESTIMATORS.get(spec.kl_estimator, key="config.loss.kl_estimator")
+    kl = jnp.where(valid, estimator(logp, ref_logp), 0.0)
+    num, den = aggregate(spec, kl, valid)
+    num = spec.beta * num
     sg = jax.lax.stop_gradient
-    return num, {"kl_loss": Stat(sg(num), den), "kl": Stat(sg(kl_sum), n_tok)}
+    return num, {"kl_loss": Stat(sg(num), den),
+                 "kl": Stat(sg(jnp.sum(kl)), jnp.sum(valid).astype(jnp.float32))}
 
 
 def entropy_stat(logits: jax.Array, mask: jax.Array) -> Stat:
@@ -353,21 +196,91 @@ def entropy_stat(logits: jax.Array, mask: jax.Array) -> Stat:
     return Stat(jnp.sum(jnp.where(valid, ent, 0.0)), jnp.sum(valid).astype(jnp.float32))
 
 
-def _policy_loss(name, *, logp, old_logp, adv, mask, ref_logp, beta, kl_estimator,
-                 aggregation, clip_eps_low, clip_eps_high, norm_const, logits) -> LossOutput:
-    terms, coeff, den, valid, logp = _policy_terms(
-        name, logp=logp, old_logp=old_logp, adv=adv, mask=mask, aggregation=aggregation,
-        clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, norm_const=norm_const,
-    )
-    pg_num = jnp.sum(coeff * terms.loss)
-    kl_num, kl_metrics = kl_penalty(logp=logp, ref_logp=ref_logp, mask=valid, beta=beta,
-                                    kl_estimator=kl_estimator, aggregation=aggregation,
-                                    norm_const=norm_const)
+# --------------------------------------------------------------------------- policy terms
+
+
+class _Inputs(NamedTuple):
+    """A loss's checked inputs: padding zeroed, log ratio clamped, aggregation coefficients."""
+
+    logp: jax.Array  # [B, T] float32, 0 on padding (carries gradient)
+    log_ratio: jax.Array  # [B, T] logπ_θ - logπ_old, 0 on padding, clamped
+    adv: jax.Array  # [B] or [B, T] float32
+    valid: jax.Array  # [B, T] bool
+    coeff: jax.Array  # [B, T] aggregation coefficients c_it
+    den: jax.Array  # scalar aggregation denominator
+
+
+class _Terms(NamedTuple):
+    loss: jax.Array  # [B, T] per-token ℓ (sequence losses broadcast), 0 on padding
+    weight: jax.Array  # [B, T] w: ∂(Σ c ℓ)/∂logp_it = -A_it w_it
+    ratio: jax.Array  # ratio per unit: [B, T] tokens or [B] sequences
+    ratio_valid: jax.Array  # bool, ratio's shape
+    clipped: jax.Array  # bool [B, T] or [B]: the clipped branch was taken
+    clip_valid: jax.Array  # bool, clipped's shape
+
+
+def token_adv(adv: jax.Array, valid: jax.Array) -> jax.Array:
+    """[B] or [B, T] advantages as [B, T] (valid [B, T] bool), 0 where not valid (padding
+    may hold anything)."""
+    return jnp.where(valid, adv[:, None] if adv.ndim == 1 else adv, 0.0)
+
+
+def _clipped_surrogate(ratio, adv, spec: LossSpec):
+    """ℓ = -min(ρA, clip(ρ, 1-ε_low, 1+ε_high)A) and the clipped-branch indicator."""
+    clipped_ratio = jnp.clip(ratio, 1.0 - spec.clip_eps_low, 1.0 + spec.clip_eps_high)
+    take_clipped = jax.lax.stop_gradient(clipped_ratio * adv < ratio * adv)
+    # Where the clipped branch wins, ρ is strictly outside the range, so that branch is flat.
+    return -jnp.where(take_clipped, clipped_ratio * adv, ratio * adv), take_clipped
+
+
+def _seq_log_ratio(x: _Inputs):
+    n = jnp.sum(x.valid, axis=-1)
+    mean = jnp.sum(x.log_ratio, axis=-1) / jnp.maximum(n, 1)
+    return jnp.clip(mean, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), n
+
+
+def _inputs(name: str, spec: LossSpec, logp, old_logp, adv, mask, ranks: tuple[int, ...]
+            ) -> _Inputs:
+    """Checks shapes (adv of rank in `ranks`: 1 = [B], 2 = [B, T]) and prepares the inputs."""
+    logp = jnp.asarray(logp, jnp.float32)
+    old_logp = jnp.asarray(old_logp, jnp.float32)
+    adv = jnp.asarray(adv, jnp.float32)
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be [B, T]; got shape {logp.shape}")
+    for arg, x in (("old_logp", old_logp), ("mask", mask)):
+        if jnp.shape(x) != logp.shape:
+            raise ValueError(f"{arg} {jnp.shape(x)} must have logp's shape {logp.shape}")
+    if adv.ndim not in ranks or adv.shape != logp.shape[: adv.ndim]:
+        want = " or ".join(("[B]", "[B, T]")[r - 1] for r in ranks)
+        hint = "; use 'gspo_token' for per-token advantages" if name == "gspo" else ""
+        raise ValueError(f"loss {name!r} needs adv {want}; got {adv.shape}{hint}")
+    valid = jnp.asarray(mask).astype(bool)
+    # Padding may hold anything (-inf, NaN); zero it before any arithmetic so that neither values
+    # nor gradients (0 · inf) can pick it up.
+    logp = jnp.where(valid, logp, 0.0)
+    log_ratio = jnp.clip(jnp.where(valid, logp - old_logp, 0.0), -LOG_RATIO_CLAMP,
+                         LOG_RATIO_CLAMP)
+    coeff, den = coefficients(spec, valid)
+    return _Inputs(logp, log_ratio, adv, valid, coeff, den)
+
+
+def _token_terms(x: _Inputs, spec: LossSpec) -> _Terms:
+    """GRPO / PPO: per-token ratio ρ_it; w_it = c_it ρ_it 1[unclipped_it]."""
+    ratio = jnp.exp(x.log_ratio)
+    loss, clipped = _clipped_surrogate(ratio, token_adv(x.adv, x.valid), spec)
+    weight = x.coeff * ratio * ~clipped
+    return _Terms(jnp.where(x.valid, loss, 0.0), weight, ratio, x.valid, clipped & x.valid,
+                  x.valid)
+
+
+def _loss_output(spec: LossSpec, x: _Inputs, terms: _Terms, ref_logp, logits) -> LossOutput:
+    """num = Σ c ℓ + β·KL numerator, the metrics, and the token weights."""
+    pg_num = jnp.sum(x.coeff * terms.loss)
+    kl_num, kl_metrics = kl_penalty(spec, logp=x.logp, ref_logp=ref_logp, mask=x.valid)
     sg = jax.lax.stop_gradient
-    ratio = sg(terms.ratio)
-    rv = terms.ratio_valid
+    ratio, rv = sg(terms.ratio), terms.ratio_valid
     metrics = {
-        "pg_loss": Stat(sg(pg_num), den),
+        "pg_loss": Stat(sg(pg_num), x.den),
         "clip_frac": Stat(jnp.sum(terms.clipped).astype(jnp.float32),
                           jnp.sum(terms.clip_valid).astype(jnp.float32)),
         "ratio_mean": Stat(jnp.sum(jnp.where(rv, ratio, 0.0)), jnp.sum(rv).astype(jnp.float32)),
@@ -376,92 +289,112 @@ def _policy_loss(name, *, logp, old_logp, adv, mask, ref_logp, beta, kl_estimato
         **kl_metrics,
     }
     if logits is not None:
-        metrics["entropy"] = entropy_stat(logits, valid)
-    return LossOutput(pg_num + kl_num, den, metrics)
+        metrics["entropy"] = entropy_stat(logits, x.valid)
+    return LossOutput(pg_num + kl_num, x.den, metrics, sg(terms.weight))
 
 
-def _make_loss(name: str, doc: str):
-    low, high = CLIP_DEFAULTS[name]
-
-    def loss_fn(
-        *,
-        logp: jax.Array,
-        old_logp: jax.Array,
-        adv: jax.Array,
-        mask: jax.Array,
-        ref_logp: jax.Array | None = None,
-        beta: float = 0.0,
-        kl_estimator: str = "k3",
-        aggregation: str = "seq_mean_token_mean",
-        clip_eps_low: float = low,
-        clip_eps_high: float = high,
-        norm_const: float | None = None,
-        logits: jax.Array | None = None,
-    ) -> LossOutput:
-        return _policy_loss(
-            name, logp=logp, old_logp=old_logp, adv=adv, mask=mask, ref_logp=ref_logp,
-            beta=beta, kl_estimator=kl_estimator, aggregation=aggregation,
-            clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high, norm_const=norm_const,
-            logits=logits,
-        )
-
-    loss_fn.__name__ = loss_fn.__qualname__ = f"{name}_loss"
-    loss_fn.__doc__ = doc + _COMMON_DOC
-    return LOSSES.register(name)(loss_fn)
+# --------------------------------------------------------------------------- policy losses
+# Every policy loss: fn(spec: LossSpec, *, logp, old_logp, adv, mask, ref_logp=None,
+# logits=None) -> LossOutput.
+#   logp: [B, T] log π_θ of the sampled tokens (the only input that carries gradient).
+#   old_logp: [B, T] log π_old (behaviour policy). mask: [B, T] response tokens incl. EOS.
+#   adv: advantages, [B] per sequence or [B, T] per token (each loss says which).
+#   ref_logp: [B, T] log π_ref, needed when spec.beta != 0 (the KL term is aggregated like
+#   the policy term, inside num). logits: optional [B, T, V], only for the entropy metric.
+# LossOutput.metrics (no gradient): pg_loss, kl_loss (β-weighted; pg_loss + kl_loss = loss),
+# kl (token mean of the estimator), clip_frac, ratio_mean as Stats; ratio_min / ratio_max per
+# micro-batch; entropy when logits are given. LossOutput.weights: DESIGN §5's w_it.
 
 
-_COMMON_DOC = """
-    Args (keyword-only, shared by every loss):
-      logp: [B, T] log π_θ of the sampled tokens (the only input that carries gradient).
-      old_logp: [B, T] log π_old (behaviour policy). mask: [B, T] response tokens incl. EOS.
-      adv: advantages, [B] per sequence or [B, T] per token (see above for which).
-      ref_logp: [B, T] log π_ref, needed when beta != 0; beta: KL coefficient (paper: 0.01).
-      kl_estimator: "k3" (default) or "k2"; aggregation: a registry.AGGREGATIONS name (the KL
-        term is aggregated the same way, inside num); norm_const: for seq_mean_token_sum_norm.
-      clip_eps_low / clip_eps_high: clip range [1 - ε_low, 1 + ε_high].
-      logits: optional [B, T, V], only for the entropy metric.
+@LOSSES.register("grpo")
+def grpo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
+              mask: jax.Array, ref_logp: jax.Array | None = None,
+              logits: jax.Array | None = None) -> LossOutput:
+    """GRPO clipped surrogate (Shao et al. 2024, eq. 3; paper §3.4; DESIGN §4), per token:
+    ℓ_it = -min(ρ_it A_it, clip(ρ_it, 1-ε_low, 1+ε_high) A_it), ε = 0.2.
+
+    adv [B] (broadcast over tokens) or [B, T] (token-level IBPO credit). clip_frac and the
+    ratio metrics are over tokens.
+    """
+    x = _inputs("grpo", spec, logp, old_logp, adv, mask, ranks=(1, 2))
+    return _loss_output(spec, x, _token_terms(x, spec), ref_logp, logits)
+
+
+@LOSSES.register("ppo")
+def ppo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
+             mask: jax.Array, ref_logp: jax.Array | None = None,
+             logits: jax.Array | None = None) -> LossOutput:
+    """PPO clipped policy loss (Schulman et al. 2017, eq. 7 L^CLIP; DESIGN §4): GRPO's
+    per-token surrogate with per-token advantages from `advantages.ppo_advantages`, so adv
+    must be [B, T]. The value head is trained with `value_loss`, added by the trainer with
+    spec.value_coef.
+    """
+    x = _inputs("ppo", spec, logp, old_logp, adv, mask, ranks=(2,))
+    return _loss_output(spec, x, _token_terms(x, spec), ref_logp, logits)
+
+
+@LOSSES.register("gspo")
+def gspo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
+              mask: jax.Array, ref_logp: jax.Array | None = None,
+              logits: jax.Array | None = None) -> LossOutput:
+    """GSPO (Zheng et al. 2025, the sequence-level objective; paper §3.4; DESIGN §4):
+    s_i = exp(mean_t log ρ_it) over the valid tokens, ℓ_i = -min(s_i A_i, clip(s_i, 1-3e-4,
+    1+4e-4) A_i), placed on every valid token before aggregation (seq_mean_token_mean gives
+    mean_i ℓ_i). adv must be [B]. clip_frac and the ratio metrics are over sequences.
+
+    w: ∂(Σ_t c_it ℓ_i)/∂logp_it = -A_i (Σ_t' c_it') s_i 1[unclipped_i] / n_i.
+    """
+    x = _inputs("gspo", spec, logp, old_logp, adv, mask, ranks=(1,))
+    seq_lr, n = _seq_log_ratio(x)
+    s = jnp.exp(seq_lr)
+    loss, clipped = _clipped_surrogate(s, x.adv, spec)
+    has = n > 0
+    w_seq = jnp.sum(x.coeff, axis=-1) * s * ~clipped / jnp.maximum(n, 1)
+    terms = _Terms(jnp.where(x.valid, loss[:, None], 0.0),
+                   jnp.where(x.valid, w_seq[:, None], 0.0), s, has, clipped & has, has)
+    return _loss_output(spec, x, terms, ref_logp, logits)
+
+
+@LOSSES.register("gspo_token")
+def gspo_token_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
+                    mask: jax.Array, ref_logp: jax.Array | None = None,
+                    logits: jax.Array | None = None) -> LossOutput:
+    """GSPO-token (Zheng et al. 2025, the token-level variant; DESIGN §4) for token credit:
+    s_it = sg[s_i] · exp(logπ_θ,it - sg[logπ_θ,it]) (value s_i, gradient s_i ∇logπ_θ,it),
+    ℓ_it = -min(s_it A_it, clip(s_it, 1-3e-4, 1+4e-4) A_it); w_it = c_it s_i 1[unclipped_it].
+
+    adv [B] or [B, T]; with per-sequence advantages it equals GSPO in value and gradient.
+    clip_frac is over tokens, the ratio metrics over sequences (ratio = s_i).
+    """
+    x = _inputs("gspo_token", spec, logp, old_logp, adv, mask, ranks=(1, 2))
+    seq_lr, n = _seq_log_ratio(x)
+    s = jax.lax.stop_gradient(jnp.exp(seq_lr))
+    s_tok = s[:, None] * jnp.exp(x.logp - jax.lax.stop_gradient(x.logp))
+    loss, clipped = _clipped_surrogate(s_tok, token_adv(x.adv, x.valid), spec)
+    terms = _Terms(jnp.where(x.valid, loss, 0.0), x.coeff * s[:, None] * ~clipped, s, n > 0,
+                   clipped & x.valid, x.valid)
+    return _loss_output(spec, x, terms, ref_logp, logits)
+
+
+def token_weights(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
+                  mask: jax.Array) -> jax.Array:
+    """The weights w_it of DESIGN §5 for loss `spec.name`: ∂num_pg/∂logp_it = -A_it · w_it.
+
+    Everything in the policy gradient except the advantage: ratio factor, clip indicator and
+    aggregation coefficient (the loss gradient is that over den); not the KL part. The
+    identity is exact except on a token whose |log ratio| exceeds LOG_RATIO_CLAMP, where the
+    clamp cuts the gradient. (A loss's own `LossOutput.weights` are the same.)
 
     Returns:
-      LossOutput(num, den, metrics); loss = num / den. metrics (no gradient): pg_loss, kl_loss
-      (β-weighted; pg_loss + kl_loss = loss), kl (token mean of the estimator), clip_frac,
-      ratio_mean as Stats; ratio_min / ratio_max per micro-batch; entropy when logits are given.
-"""
-
-grpo_loss = _make_loss("grpo", """GRPO clipped surrogate (DESIGN §4), per token:
-    ℓ_it = -min(ρ_it A_it, clip(ρ_it, 1-ε_low, 1+ε_high) A_it), ε = 0.2.
-    adv [B] (broadcast over tokens) or [B, T] (token-level IBPO credit). clip_frac and the ratio
-    metrics are over tokens.
-""")
-
-ppo_loss = _make_loss("ppo", """PPO clipped policy loss (DESIGN §4): GRPO's per-token surrogate
-    with per-token advantages from `advantages.gae`, so adv must be [B, T]. The value head is
-    trained with `value_loss`, added by the trainer with its own coefficient.
-""")
-
-gspo_loss = _make_loss("gspo", """GSPO (DESIGN §4): sequence ratio s_i = exp(mean_t log ρ_it)
-    over the valid tokens, ℓ_i = -min(s_i A_i, clip(s_i, 1-3e-4, 1+4e-4) A_i), placed on every
-    valid token before aggregation (seq_mean_token_mean gives mean_i ℓ_i). adv must be [B].
-    clip_frac and the ratio metrics are over sequences (ratio = s_i).
-""")
-
-gspo_token_loss = _make_loss("gspo_token", """GSPO-token (DESIGN §4) for token-level credit:
-    s_it = sg[s_i] · exp(logπ_θ,it - sg[logπ_θ,it]) (value s_i, gradient s_i ∇logπ_θ,it),
-    ℓ_it = -min(s_it A_it, clip(s_it, 1-3e-4, 1+4e-4) A_it). adv [B] or [B, T]; with
-    per-sequence advantages it equals GSPO in value and gradient. clip_frac is over tokens, the
-    ratio metrics over sequences (ratio = s_i).
-""")
+      w: [B, T] float32, stop-gradient, 0 on padding.
+    """
+    no_kl = dataclasses.replace(spec, beta=0.0)
+    return LOSSES.get(spec.name, key="loss")(no_kl, logp=logp, old_logp=old_logp, adv=adv,
+                                             mask=mask).weights
 
 
-def value_loss(
-    *,
-    values: jax.Array,
-    old_values: jax.Array,
-    returns: jax.Array,
-    mask: jax.Array,
-    clip_eps: float = 0.2,
-    aggregation: str = "token_mean",
-    norm_const: float | None = None,
-) -> LossOutput:
+def value_loss(spec: LossSpec, *, values: jax.Array, old_values: jax.Array, returns: jax.Array,
+               mask: jax.Array) -> LossOutput:
     """Clipped value loss for PPO's value head (DESIGN §4).
 
     v_clip = V_old + clip(V - V_old, -ε_v, ε_v);  ℓ_t = ½ max((V - R)², (v_clip - R)²).
@@ -471,8 +404,8 @@ def value_loss(
 
     Args:
       values: [B, T] current value predictions (carry gradient); old_values: [B, T] at rollout;
-      returns: [B, T] GAE returns; mask: [B, T]; clip_eps: ε_v (in reward units);
-      aggregation, norm_const: as for the policy losses.
+      returns: [B, T] GAE returns; mask: [B, T]. spec: ε_v = spec.value_clip (reward units),
+      aggregated with spec.aggregation like the policy loss.
 
     Returns:
       LossOutput(num, den, {"vf_loss": Stat, "vf_clip_frac": Stat over tokens}).
@@ -483,12 +416,13 @@ def value_loss(
             raise ValueError(f"{arg} {jnp.shape(x)} must match values' [B, T] {values.shape}")
     returns = jax.lax.stop_gradient(jnp.asarray(returns, jnp.float32))
     old_values = jax.lax.stop_gradient(jnp.asarray(old_values, jnp.float32))
-    v_clip = old_values + jnp.clip(values - old_values, -clip_eps, clip_eps)
+    eps = spec.value_clip
+    v_clip = old_values + jnp.clip(values - old_values, -eps, eps)
     err, err_clip = jnp.square(values - returns), jnp.square(v_clip - returns)
     take_clipped = jax.lax.stop_gradient(err_clip > err)
     per_token = 0.5 * jnp.where(take_clipped, err_clip, err)
     valid = jnp.asarray(mask).astype(bool)
-    num, den = aggregate(per_token, valid, aggregation=aggregation, norm_const=norm_const)
+    num, den = aggregate(spec, per_token, valid)
     n_tok = jnp.sum(valid).astype(jnp.float32)
     return LossOutput(num, den, {
         "vf_loss": Stat(jax.lax.stop_gradient(num), den),

@@ -76,8 +76,8 @@ not cancel (residual > 0); `token_mean` keeps the weights exchangeable (residual
 adv = advantages.group_advantages(R, phi.phi, lam=lam)
 logp = jnp.full((6, T), -1.0)
 for agg in ("seq_mean_token_mean", "token_mean"):
-    w = losses.token_weights("grpo", logp=logp, old_logp=logp, adv=adv, mask=mask,
-                             aggregation=agg)
+    spec = losses.LossSpec(name="grpo", aggregation=agg, clip_eps_low=0.2, clip_eps_high=0.2)
+    w = losses.token_weights(spec, logp=logp, old_logp=logp, adv=adv, mask=mask)
     a_tok = jnp.broadcast_to(adv[:, None], (6, T))
     res = cancellation.cancellation_residual(jnp.asarray(tokens), mask, a_tok, w)
     w2 = cancellation.apply_transform(jnp.asarray(tokens), mask, a_tok, w,

@@ -259,3 +259,20 @@ def test_bad_inputs_name_the_culprit():
         advantages.group_advantages(jnp.zeros(4), jnp.zeros(4), lam=0.5, ddof=-1)
     with pytest.raises(ValueError, match="mask"):
         advantages.gae(rewards=jnp.zeros((2, 3)), values=jnp.zeros((2, 3)), mask=jnp.ones((2, 4)))
+
+
+def test_ppo_advantages_by_hand():
+    # Row 0: 2 valid tokens, r̃ = 1 at the last, V = [0.5, 0.2], γ = λ = 1:
+    #   A_1 = 1 - 0.2 = 0.8, A_0 = (0.2 - 0.5) + 0.8 = 0.5; returns = A + V = [1, 1].
+    # Row 1: no valid token (empty response): all zeros, no NaN.
+    # Whitened over the 2 valid tokens: mean 0.65, std 0.15 -> [-1, 1].
+    values = jnp.array([[0.5, 0.2, 9.0], [3.0, 3.0, 3.0]])
+    mask = jnp.array([[1, 1, 0], [0, 0, 0]], bool)
+    kw = dict(terminal_reward=jnp.array([1.0, -1.0]), values=values, mask=mask, gamma=1.0,
+              lam=1.0, eps=0.0)
+    adv, returns = advantages.ppo_advantages(whiten=False, **kw)
+    np.testing.assert_allclose(adv, [[0.5, 0.8, 0.0], [0.0, 0.0, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(returns, [[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], atol=1e-6)
+    adv_w, returns_w = advantages.ppo_advantages(whiten=True, **kw)
+    np.testing.assert_allclose(adv_w, [[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], atol=1e-5)
+    np.testing.assert_allclose(returns_w, returns)  # the value targets are not whitened

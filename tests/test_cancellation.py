@@ -16,7 +16,19 @@ residual = jax.jit(cancellation.cancellation_residual, static_argnames="whole_gr
 bucketed = jax.jit(cancellation.bucketed_residual_terms, static_argnames="edges")
 transform = jax.jit(cancellation.apply_transform, static_argnames="transform")
 nodes_fn = jax.jit(cancellation.prefix_nodes)
-token_weights = jax.jit(losses.token_weights, static_argnames=("name", "aggregation"))
+CLIP = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}  # papers' ε
+
+
+def loss_spec(name, **kw):
+    """The LossSpec of loss `name` with its paper clip range and no KL unless asked."""
+    lo, hi = CLIP[name]
+    return losses.LossSpec(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
+                              "beta": 0.0, **kw})
+
+
+@functools.partial(jax.jit, static_argnames=("name", "aggregation"))
+def token_weights(*, name, aggregation, **arrays):
+    return losses.token_weights(loss_spec(name, aggregation=aggregation), **arrays)
 
 # A group whose responses share prefixes of several depths (0 = padding; row 4's padding repeats
 # row 0's continuation, which must not count as shared).
@@ -175,8 +187,8 @@ def test_exchangeable_weights_cancel_exactly_and_sequence_coupling_does_not():
 @functools.partial(jax.jit, static_argnames=("aggregation",))
 def _reweighted_grad(logp, adv, w, mask, aggregation):
     def f(lp):
-        num, den = cancellation.reweighted_loss(logp=lp, adv=adv, weights=w, mask=mask,
-                                                aggregation=aggregation)
+        spec = loss_spec("grpo", aggregation=aggregation)
+        num, den = cancellation.reweighted_loss(spec, logp=lp, adv=adv, weights=w, mask=mask)
         return num / den
 
     return jax.grad(f)(logp)
@@ -245,19 +257,19 @@ def test_reweighted_loss_with_no_transform_reproduces_the_loss_gradient(name, ag
     logp = rng.normal(-1.0, 0.3, size=tokens.shape).astype(np.float32)
     old = (logp + rng.normal(0, 2e-4, size=tokens.shape)).astype(np.float32)
     ref = (logp + rng.normal(0, 0.1, size=tokens.shape)).astype(np.float32)
-    kw = dict(old_logp=old, adv=adv, mask=mask, aggregation=agg, norm_const=9.0)
+    kw = dict(old_logp=old, adv=adv, mask=mask)
+    spec = loss_spec(name, aggregation=agg, norm_const=9.0, beta=0.05)
 
     def loss(lp):
-        out = losses.LOSSES.get(name)(logp=lp, ref_logp=ref, beta=0.05, **kw)
+        out = losses.LOSSES.get(name)(spec, logp=lp, ref_logp=ref, **kw)
         return out.num / out.den
 
-    w = losses.token_weights(name, logp=jnp.array(logp), **kw)
+    w = losses.token_weights(spec, logp=jnp.array(logp), **kw)
     w = cancellation.apply_transform(tokens, mask, adv, w, transform="none")
 
     def surrogate(lp):
-        num, den = cancellation.reweighted_loss(logp=lp, adv=adv, weights=w, mask=mask,
-                                                ref_logp=ref, beta=0.05, aggregation=agg,
-                                                norm_const=9.0)
+        num, den = cancellation.reweighted_loss(spec, logp=lp, adv=adv, weights=w, mask=mask,
+                                                ref_logp=ref)
         return num / den
 
     np.testing.assert_allclose(jax.grad(surrogate)(jnp.array(logp)),

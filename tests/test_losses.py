@@ -1,6 +1,7 @@
 """Tests of ibpo_jax/losses.py: hand-worked values, closed-form gradients (numpy, written from
 the papers' formulas), micro-batch exactness, KL / entropy by hand, degenerate inputs."""
 
+import dataclasses
 import functools
 import math
 
@@ -14,24 +15,43 @@ from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES, UnknownNameEr
 
 NAMES = ("grpo", "ppo", "gspo", "gspo_token")
 AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
-STATIC = ("name", "aggregation", "kl_estimator", "beta", "norm_const")
+# The papers' clip ranges: ε = 0.2 for GRPO / PPO, GSPO's 3e-4 / 4e-4.
+CLIP = {"grpo": (0.2, 0.2), "ppo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
+SPEC_FIELDS = {f.name for f in dataclasses.fields(losses.LossSpec)}
 
 
-@functools.partial(jax.jit, static_argnames=STATIC)
-def loss_and_grad(logp, *, name, **kw):
-    """(LossOutput, ∂num/∂logp) of the named loss."""
+def make_spec(name, **kw):
+    """The LossSpec of loss `name`: its paper clip range, no KL unless asked, and `kw`."""
+    lo, hi = CLIP[name]
+    return losses.LossSpec(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
+                              "beta": 0.0, **kw})
 
+
+def _split(name, kw):
+    """(LossSpec from the hyperparameters in kw, the array arguments)."""
+    hyper = {k: kw.pop(k) for k in list(kw) if k in SPEC_FIELDS}
+    return make_spec(name, **hyper), kw
+
+
+@functools.partial(jax.jit, static_argnames=("spec",))
+def _loss_and_grad(logp, *, spec, **kw):
     def num(lp):
-        out = LOSSES.get(name)(logp=lp, **kw)
+        out = LOSSES.get(spec.name)(spec, logp=lp, **kw)
         return out.num, out
 
     (_, out), grad = jax.value_and_grad(num, has_aux=True)(logp)
     return out, grad
 
 
-@functools.partial(jax.jit, static_argnames=STATIC)
+def loss_and_grad(logp, *, name, **kw):
+    """(LossOutput, ∂num/∂logp) of the named loss; kw mixes hyperparameters and arrays."""
+    spec, arrays = _split(name, kw)
+    return _loss_and_grad(logp, spec=spec, **arrays)
+
+
 def weights(logp, *, name, **kw):
-    return losses.token_weights(name, logp=logp, **kw)
+    spec, arrays = _split(name, kw)
+    return jax.jit(losses.token_weights, static_argnames=("spec",))(spec, logp=logp, **arrays)
 
 
 def _np_reference(name, logp, old, adv, mask, agg, lo, hi, norm_const=7.0):
@@ -90,7 +110,7 @@ def _batch(seed, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_gradient_matches_closed_form_and_token_weights(name, agg):
     logp, old, adv, mask = _batch(0, name)
-    lo, hi = losses.CLIP_DEFAULTS[name]
+    lo, hi = CLIP[name]
     kw = dict(old_logp=old, adv=adv, mask=mask, aggregation=agg, norm_const=7.0)
     out, grad = loss_and_grad(jnp.array(logp), name=name, **kw)
     num, den, want = _np_reference(name, logp, old, adv, mask, agg, lo, hi)
@@ -205,7 +225,8 @@ def test_losses_vmap_over_groups():
     # [n_groups, G, T] through vmap: per-group (num, den) sum to the flattened batch's.
     logp, old, adv, mask = _batch(4, "grpo")
     logp, old, adv, mask = (np.concatenate([x, x[::-1]]) for x in (logp, old, adv, mask))
-    fn = jax.jit(jax.vmap(lambda lp, o, a, m: losses.grpo_loss(logp=lp, old_logp=o, adv=a,
+    spec = make_spec("grpo")
+    fn = jax.jit(jax.vmap(lambda lp, o, a, m: losses.grpo_loss(spec, logp=lp, old_logp=o, adv=a,
                                                                mask=m)[:2]))
     nums, dens = fn(*(jnp.array(x).reshape(2, 5, -1) for x in (logp, old, adv, mask)))
     flat, _ = loss_and_grad(jnp.array(logp), name="grpo", old_logp=old, adv=adv, mask=mask,
@@ -278,8 +299,9 @@ def test_value_loss_by_hand():
     returns = jnp.array([[1.0, 1.0, -1.0, 0.3]])
 
     def f(v):
-        out = losses.value_loss(values=v, old_values=jnp.zeros((1, 4)), returns=returns,
-                                mask=jnp.ones((1, 4)), clip_eps=0.2, aggregation="token_mean")
+        spec = make_spec("ppo", value_clip=0.2, aggregation="token_mean")
+        out = losses.value_loss(spec, values=v, old_values=jnp.zeros((1, 4)), returns=returns,
+                                mask=jnp.ones((1, 4)))
         return out.num, out
 
     (num, out), g = jax.value_and_grad(f, has_aux=True)(values)
@@ -295,18 +317,21 @@ def test_registry_and_bad_inputs():
     x = jnp.zeros((2, 3))
     m = jnp.ones((2, 3))
     with pytest.raises(ValueError, match="gspo_token"):
-        losses.gspo_loss(logp=x, old_logp=x, adv=x, mask=m)
+        losses.gspo_loss(make_spec("gspo"), logp=x, old_logp=x, adv=x, mask=m)
+    grpo = make_spec("grpo")
     with pytest.raises(ValueError, match=r"needs adv \[B, T\]"):
-        losses.ppo_loss(logp=x, old_logp=x, adv=jnp.zeros(2), mask=m)
+        losses.ppo_loss(make_spec("ppo"), logp=x, old_logp=x, adv=jnp.zeros(2), mask=m)
     with pytest.raises(ValueError, match="old_logp"):
-        losses.grpo_loss(logp=x, old_logp=jnp.zeros((2, 4)), adv=jnp.zeros(2), mask=m)
+        losses.grpo_loss(grpo, logp=x, old_logp=jnp.zeros((2, 4)), adv=jnp.zeros(2), mask=m)
     with pytest.raises(ValueError, match="ref_logp"):
-        losses.grpo_loss(logp=x, old_logp=x, adv=jnp.zeros(2), mask=m, beta=0.01)
+        losses.grpo_loss(make_spec("grpo", beta=0.01), logp=x, old_logp=x, adv=jnp.zeros(2),
+                         mask=m)
     with pytest.raises(ValueError, match="norm_const"):
-        losses.grpo_loss(logp=x, old_logp=x, adv=jnp.zeros(2), mask=m,
-                         aggregation="seq_mean_token_sum_norm")
+        losses.grpo_loss(make_spec("grpo", aggregation="seq_mean_token_sum_norm"), logp=x,
+                         old_logp=x, adv=jnp.zeros(2), mask=m)
     with pytest.raises(UnknownNameError, match="token_mean"):
-        losses.grpo_loss(logp=x, old_logp=x, adv=jnp.zeros(2), mask=m, aggregation="tokenmean")
+        make_spec("grpo", aggregation="tokenmean")
     with pytest.raises(UnknownNameError, match="k3"):
-        losses.grpo_loss(logp=x, old_logp=x, adv=jnp.zeros(2), mask=m, ref_logp=x,
-                         kl_estimator="k4")
+        make_spec("grpo", kl_estimator="k4")
+    # Each registered loss is the plain function a reader finds in losses.py.
+    assert LOSSES.get("gspo") is losses.gspo_loss and LOSSES.get("ppo") is losses.ppo_loss

@@ -89,10 +89,6 @@ def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
                                   timeout_s=cfg.reward.timeout_s)
 
 
-def _rows_sharding(mesh, ndim: int) -> NamedSharding:
-    return NamedSharding(mesh, P(sharding.BATCH, *([None] * (ndim - 1))))
-
-
 def _summary(first: dict, last: dict, rows: list[dict]) -> str:
     def mean(key):
         vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
@@ -170,7 +166,7 @@ class Trainer:
             chunks = cfg.optim.minibatches * cfg.optim.microbatches
             devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
             self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
-        elif cfg.optim.layout == "packed":
+        elif self.spec.layout != cfg.optim.layout:  # RunConfig.update_layout decided
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
         self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
         self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
@@ -232,8 +228,9 @@ class Trainer:
         t2 = time.perf_counter()
 
         n = len(lengths)
-        place = lambda x: sharding.global_array(x, _rows_sharding(self.mesh, np.ndim(x)))
-        mine = lambda x: sharding.rows_array(x, rows, n, _rows_sharding(self.mesh, np.ndim(x)))
+        place = lambda x: sharding.global_array(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+        mine = lambda x: sharding.rows_array(x, rows, n,
+                                             sharding.batch_sharding(self.mesh, np.ndim(x)))
         prompt_len = np.repeat(prompts.lengths, g)
         plan = self.packing_plan(prompt_len, lengths, prompts.tokens.shape[1], tokens.shape[1])
         rollout = step.Rollout(

@@ -3,7 +3,8 @@
 `credit`:  rollout -> φ (comparison kernel, DESIGN §2) -> advantages (DESIGN §3) + statistics.
 `update`:  old / reference log-probs -> epochs x minibatches of policy updates, each the exact
            gradient of Σnum / Σden over its micro-batches (DESIGN §4), cancellation diagnostics
-           and transforms (DESIGN §5), a NaN/inf guard.
+           and transforms (DESIGN §5); an update whose loss, gradient or new parameters are
+           not finite is skipped.
 
 Both take and return device arrays; the trainer calls them back to back with no host round trip
 (only reward scoring, before `credit`, leaves the device, and the host plans the packing from
@@ -26,8 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ibpo_jax import advantages, cancellation, comparison, losses, models
-from ibpo_jax.config import RunConfig
+from ibpo_jax import advantages, cancellation, comparison, config, losses, models
 from ibpo_jax.registry import ESTIMATORS, LOSSES
 from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.state import TrainState
@@ -55,85 +55,61 @@ class Credit(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
-    """Static (hashable) configuration of the jitted step functions."""
+    """Static (hashable) configuration of the jitted step functions: the config sections the
+    step reads, as they are, plus the few values derived from the run."""
 
     model: models.Qwen3Config
     options: models.ModelOptions
-    group_size: int
-    temperature: float
-    operator: str
-    granularity: str
-    max_units: int
-    lam: float
-    credit: str
-    normalize_std: bool
-    adv_eps: float
-    ddof: int
-    gamma: float
-    gae_lambda: float
-    loss: str
-    aggregation: str
-    clip_eps_low: float
-    clip_eps_high: float
-    beta: float
-    kl_estimator: str
-    norm_const: float | None
-    value_coef: float
-    value_clip: float
-    transform: str
-    log_drift: bool
-    epochs: int
-    minibatches: int
-    microbatches: int
-    logits_chunk: int
-    layout: str  # "grouped", "packed" or "rows" (see the module docstring)
+    rollout: config.RolloutConfig
+    ibpo: config.IbpoConfig
+    advantage: config.AdvantageConfig
+    loss: losses.LossSpec  # config.loss with the run's loss name and norm_const resolved
+    cancellation: config.CancellationConfig
+    optim: config.OptimConfig
+    diagnostics: config.DiagnosticsConfig
+    layout: str  # RunConfig.update_layout: "grouped", "packed" or "rows" (module docstring)
+    logits_chunk: int  # config.model.logits_chunk
 
     @classmethod
-    def from_config(cls, cfg: RunConfig, model: models.Qwen3Config,
+    def from_config(cls, cfg: config.RunConfig, model: models.Qwen3Config,
                     options: models.ModelOptions) -> StepSpec:
-        loss = cfg.loss.name
-        if loss == "gspo" and cfg.ibpo.credit == "token":
-            loss = "gspo_token"  # per-token credit needs GSPO's token form (DESIGN §4)
-        needs_norm = cfg.loss.aggregation == "seq_mean_token_sum_norm"
-        return cls(
-            model=model, options=options, group_size=cfg.rollout.group_size,
-            temperature=cfg.rollout.temperature or 1.0, operator=cfg.ibpo.operator,
-            granularity=cfg.ibpo.granularity, max_units=cfg.ibpo.max_units, lam=cfg.ibpo.lam,
-            credit=cfg.ibpo.credit, normalize_std=cfg.advantage.normalize_std,
-            adv_eps=cfg.advantage.eps, ddof=cfg.advantage.ddof, gamma=cfg.advantage.gamma,
-            gae_lambda=cfg.advantage.gae_lambda, loss=loss, aggregation=cfg.loss.aggregation,
-            clip_eps_low=cfg.loss.clip_eps_low, clip_eps_high=cfg.loss.clip_eps_high,
-            beta=cfg.loss.beta, kl_estimator=cfg.loss.kl_estimator,
-            norm_const=(cfg.loss.norm_const or float(cfg.rollout.max_new_tokens))
-            if needs_norm else None,
-            value_coef=cfg.loss.value_coef, value_clip=cfg.loss.value_clip,
-            transform=cfg.cancellation.transform, log_drift=cfg.cancellation.log_drift,
-            epochs=cfg.optim.epochs,
-            minibatches=cfg.optim.minibatches, microbatches=cfg.optim.microbatches,
-            logits_chunk=cfg.model.logits_chunk, layout=update_layout(cfg),
-        )
+        name = cfg.loss.name
+        if name == "gspo" and cfg.ibpo.credit == "token":
+            name = "gspo_token"  # per-token credit needs GSPO's token form (DESIGN §4)
+        loss = dataclasses.replace(
+            cfg.loss, name=name,
+            norm_const=cfg.loss.norm_const or float(cfg.rollout.max_new_tokens))
+        return cls(model=model, options=options, rollout=cfg.rollout, ibpo=cfg.ibpo,
+                   advantage=cfg.advantage, loss=loss, cancellation=cfg.cancellation,
+                   optim=cfg.optim, diagnostics=cfg.diagnostics, layout=cfg.update_layout,
+                   logits_chunk=cfg.model.logits_chunk)
+
+    def with_optim(self, **changes: Any) -> StepSpec:
+        """This spec with some optim fields changed (e.g. microbatches)."""
+        return dataclasses.replace(self, optim=dataclasses.replace(self.optim, **changes))
+
+    @property
+    def group_size(self) -> int:
+        return self.rollout.group_size
+
+    @property
+    def temperature(self) -> float:
+        """The sampler's temperature (greedy rollouts are scored at 1)."""
+        return self.rollout.temperature or 1.0
 
     @property
     def is_ppo(self) -> bool:
-        return self.loss == "ppo"
+        return self.loss.name == "ppo"
 
     @property
     def estimator(self) -> str:
-        """The registry.ESTIMATORS name the loss and credit imply (DESIGN §3)."""
-        return "gae" if self.is_ppo else "grpo_token" if self.credit == "token" else "grpo"
+        """The registry.ESTIMATORS name of the group estimators (DESIGN §3; PPO: GAE)."""
+        return "gae" if self.is_ppo else "grpo_token" if self.ibpo.credit == "token" else "grpo"
 
     @property
     def single_update(self) -> bool:
         """One optimizer update per rollout: π_old is the policy being differentiated."""
-        return self.epochs * self.minibatches == 1 and not self.is_ppo
-
-
-def update_layout(cfg: RunConfig) -> str:
-    """config.optim.layout, except that a cancellation transform, which needs the rows of a
-    group together in one micro-batch, turns "packed" into "rows"."""
-    if cfg.optim.layout == "packed" and cfg.cancellation.transform != "none":
-        return "rows"
-    return cfg.optim.layout
+        return self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo
 
 
 def response_mask(lengths: jax.Array, width: int) -> jax.Array:
@@ -153,17 +129,18 @@ def comparison_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array):
     The comparison excludes the EOS token (DESIGN §1).
     """
     length = rollout.response_len - rollout.ended.astype(jnp.int32)
-    if spec.granularity == "token":
+    max_units = spec.ibpo.max_units
+    if spec.ibpo.granularity == "token":
         units, n_units = jax.vmap(comparison.token_units)(rollout.response, length)
-        n_units = jnp.minimum(n_units, spec.max_units)
+        n_units = jnp.minimum(n_units, max_units)
         pos = jnp.broadcast_to(jnp.arange(units.shape[1]), units.shape)
         token_unit = jnp.where(pos < n_units[:, None], pos, -1)
-        return units[:, : spec.max_units], n_units, token_unit
+        return units[:, :max_units], n_units, token_unit
     split = jax.vmap(lambda t, n: comparison.split_steps(t, n, is_delim,
-                                                         max_units=spec.max_units))
+                                                         max_units=max_units))
     units, n_units = split(rollout.response, length)
     token_unit = jax.vmap(lambda t, n: comparison.token_unit_index(
-        t, n, is_delim, max_units=spec.max_units))(rollout.response, length)
+        t, n, is_delim, max_units=max_units))(rollout.response, length)
     return units, n_units, token_unit
 
 
@@ -171,15 +148,15 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     """φ, advantages and the group statistics of Appendix A for one rollout batch."""
     g = spec.group_size
     units, n_units, token_unit = comparison_units(spec, rollout, is_delim)
-    phi_out = jax.vmap(lambda u, n, c: comparison.compute_phi(u, n, c, operator=spec.operator))(
-        _groups(units, g), _groups(n_units, g), _groups(rollout.correct, g))
+    phi_fn = lambda u, n, c: comparison.compute_phi(u, n, c, operator=spec.ibpo.operator)
+    phi_out = jax.vmap(phi_fn)(_groups(units, g), _groups(n_units, g), _groups(rollout.correct, g))
     phi = phi_out.phi  # [B, G]
     rewards = _groups(rollout.reward, g)  # [B, G]
-    adv_kw = dict(lam=spec.lam, normalize_std=spec.normalize_std, eps=spec.adv_eps,
-                  ddof=spec.ddof)
+    adv_kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
+                  eps=spec.advantage.eps, ddof=spec.advantage.ddof)
     if spec.is_ppo:
         adv = jnp.zeros_like(rollout.reward)  # GAE needs the value head: computed in `update`
-    elif spec.credit == "token":
+    elif spec.ibpo.credit == "token":
         delta = comparison.units_to_tokens(phi_out.delta.reshape(-1, units.shape[1]),
                                            token_unit)  # [N, R]
         delta = jnp.where(response_mask(rollout.response_len, delta.shape[1]), delta, 0.0)
@@ -187,7 +164,7 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
         adv = adv.reshape(rollout.response.shape)
     else:
         adv = ESTIMATORS.get(spec.estimator)(rewards, phi, **adv_kw).reshape(-1)
-    shaped = rewards + spec.lam * phi
+    shaped = rewards + spec.ibpo.lam * phi
     return Credit(phi, phi_out.first_error, shaped, adv), credit_metrics(rollout, phi, spec)
 
 
@@ -197,7 +174,7 @@ def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str
     correct = _groups(rollout.correct, g)
     mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
     wrong_scored = ~correct & jnp.any(correct, -1, keepdims=True)
-    stats = advantages.appendix_a_stats(y, phi, lam=spec.lam)  # per group, unnormalized
+    stats = advantages.appendix_a_stats(y, phi, lam=spec.ibpo.lam)  # per group, unnormalized
     n_mixed = jnp.maximum(jnp.sum(mixed), 1)
 
     def over_mixed(x):
@@ -279,7 +256,7 @@ def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, plan: packing.Plan, *,
     neither set the peak memory nor leave the working set the micro-batch size was chosen
     for (no activations are kept for a backward pass)."""
     params = jax.lax.stop_gradient(params)
-    units, n = plan.rows // plan.unit, spec.microbatches * spec.minibatches
+    units, n = plan.rows // plan.unit, spec.optim.microbatches * spec.optim.minibatches
     # Chunk k = partition units k, k + n, ...: every chunk spans all data shards (no idle
     # devices).
     chunks = jnp.arange(units).reshape(units // n, n).T  # [n, units / n]
@@ -292,30 +269,17 @@ def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, plan: packing.Plan, *,
     return out
 
 
-def _loss_kwargs(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
-                 ) -> dict[str, Any]:
-    return dict(logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask,
-                ref_logp=b.ref_logp if spec.beta > 0 else None, beta=spec.beta,
-                kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
-                clip_eps_low=spec.clip_eps_low, clip_eps_high=spec.clip_eps_high,
-                norm_const=spec.norm_const)
-
-
-def _token_adv(adv: jax.Array, width: int) -> jax.Array:
-    return jnp.broadcast_to(adv[:, None], (adv.shape[0], width)) if adv.ndim == 1 else adv
-
-
 def _per_group(spec: StepSpec, fn, b: _Batch, weights: jax.Array):
     """vmaps fn(tokens, mask, adv, weights) of one group over the groups of b."""
     g = spec.group_size
-    adv_tok = _token_adv(b.adv, b.mask.shape[1])
+    adv_tok = losses.token_adv(b.adv, b.mask)
     return jax.vmap(fn)(_groups(b.response, g), _groups(b.mask, g), _groups(adv_tok, g),
                         _groups(weights, g))
 
 
 def _transformed(spec: StepSpec, b: _Batch, weights: jax.Array) -> jax.Array:
     w = _per_group(spec, lambda t, m, a, w: cancellation.apply_transform(
-        t, m, a, w, transform=spec.transform), b, weights)
+        t, m, a, w, transform=spec.cancellation.transform), b, weights)
     return w.reshape(weights.shape)
 
 
@@ -325,7 +289,8 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
     sampler-vs-trainer log-prob mismatch, over the whole rollout batch."""
     sg = jax.lax.stop_gradient
     old_logp, entropy = sg(old_logp), sg(entropy)
-    w = losses.token_weights(spec.loss, **_loss_kwargs(spec, b, old_logp, old_logp))
+    w = losses.token_weights(spec.loss, logp=old_logp, old_logp=old_logp, adv=b.adv,
+                             mask=b.mask)
 
     def residual(weights, whole):
         num, den = _per_group(spec, lambda t, m, a, ww: cancellation.residual_terms(
@@ -346,7 +311,7 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
     for k, edge in enumerate(cancellation.DEFAULT_BUCKET_EDGES):
         out[f"cancellation_residual_df{round(100 * edge)}"] = losses.Stat(
             num[:, k].sum(), den[:, k].sum())
-    if spec.transform != "none":
+    if spec.cancellation.transform != "none":
         out["cancellation_residual_transformed"] = residual(_transformed(spec, b, w), False)
     return out
 
@@ -361,21 +326,19 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
     old_logp = jax.lax.stop_gradient(logp) if single else b.old_logp
-    kw = _loss_kwargs(spec, b, logp, old_logp)
-    out = LOSSES.get(spec.loss, key="config.loss.name")(**kw)
+    ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
+    out = LOSSES.get(spec.loss.name, key="config.loss.name")(
+        spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
     num = out.num
-    if spec.transform != "none":  # the chunk holds whole groups (identity packing plan)
-        w_t = _transformed(spec, b, losses.token_weights(spec.loss, **kw))
+    if spec.cancellation.transform != "none":  # the chunk holds whole groups (identity plan)
         num, _ = cancellation.reweighted_loss(
-            logp=logp, adv=b.adv, weights=w_t, mask=b.mask, ref_logp=kw["ref_logp"],
-            beta=spec.beta, kl_estimator=spec.kl_estimator, aggregation=spec.aggregation,
-            norm_const=spec.norm_const)
+            spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
+            mask=b.mask, ref_logp=ref_logp)
     metrics = dict(out.metrics)
     if spec.is_ppo:
-        vl = losses.value_loss(values=values, old_values=b.old_values, returns=b.returns,
-                               mask=b.mask, clip_eps=spec.value_clip,
-                               aggregation=spec.aggregation, norm_const=spec.norm_const)
-        num = num + spec.value_coef * vl.num
+        vl = losses.value_loss(spec.loss, values=values, old_values=b.old_values,
+                               returns=b.returns, mask=b.mask)
+        num = num + spec.loss.value_coef * vl.num
         metrics.update(vl.metrics)
     aux = (old_logp, jax.lax.stop_gradient(entropy)) if single else ()
     return num, (out.den, metrics, aux)
@@ -386,7 +349,7 @@ def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
     also the metrics and the added-up aux of the micro-batches."""
     grad_fn = jax.grad(lambda prm, rows: _micro_loss(spec, prm, b, rows), has_aux=True)
     grads, (den, metrics, aux) = grad_fn(params, chunks[0])
-    if spec.microbatches > 1:
+    if spec.optim.microbatches > 1:
         def body(carry, rows):
             acc, den_acc, m_acc, aux_acc = carry
             g, (d, m, a) = grad_fn(params, rows)
@@ -399,83 +362,90 @@ def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
     return grads, metrics, aux
 
 
-def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: TrainState,
-           ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array,
-           plan: packing.Plan) -> tuple[TrainState, dict[str, jax.Array]]:
-    """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
-    passes in `spec.layout`: on the model rows `plan` makes ("packed", "rows"), or on whole
-    groups ("grouped": `plan` is the identity plan, partition unit G)."""
-    r = rollout.response.shape[1]
-    mask = response_mask(rollout.response_len, r)
+# The update, phase by phase: prepare the batch (packing, frozen passes), advantages (PPO),
+# the optimizer updates (each guarded against non-finite values), reduce the metrics.
+
+
+def _prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
+                   cred: Credit, plan: packing.Plan) -> tuple[_Batch, jax.Array | None]:
+    """The update's inputs per rollout row, with π_ref's log-probs (β > 0) and, when π_old is
+    frozen across several updates, its log-probs, values and entropy from one pass up front.
+    Returns (batch, π_old's entropy or None)."""
+    mask = response_mask(rollout.response_len, rollout.response.shape[1])
     tokens = segments = first = None
     if spec.layout != "grouped":
         tokens, segments, first = packing.pack(plan, rollout.prompt, rollout.prompt_len,
                                                rollout.response, rollout.response_len)
-    n = mask.shape[0]
-    empty = jnp.zeros((n, 0))
+    empty = jnp.zeros((mask.shape[0], 0))
     batch = _Batch(tokens, segments, plan.bin, first, rollout.prompt, rollout.prompt_len, mask,
                    rollout.response, rollout.sample_logp, empty, jnp.zeros(mask.shape),
                    cred.adv, empty, empty)
-    if spec.beta > 0:
+    if spec.loss.beta > 0:
         batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch, plan)[0])
-    old_logp, entropy, old_values = empty, None, empty
+    entropy = None
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front
         old_logp, entropy, values = _frozen_stats(spec, state.params, batch, plan,
                                                   entropy=True, values=spec.is_ppo)
-        old_values = empty if values is None else values
-    adv, returns = cred.adv, empty
-    if spec.is_ppo:  # DESIGN §3: r̃ at the last token, GAE with γ, λ_GAE
-        last = jax.nn.one_hot(rollout.response_len - 1, r) * mask
-        adv, returns = ESTIMATORS.get(spec.estimator)(
-            rewards=last * cred.shaped.reshape(-1, 1), values=old_values, mask=mask,
-            gamma=spec.gamma, lam=spec.gae_lambda)
-        if spec.normalize_std:  # whiten over the batch's valid tokens
-            mean = jnp.sum(adv * mask) / jnp.maximum(mask.sum(), 1)
-            var = jnp.sum(jnp.square(adv - mean) * mask) / jnp.maximum(mask.sum(), 1)
-            adv = jnp.where(mask, (adv - mean) / (jnp.sqrt(var) + spec.adv_eps), 0.0)
-    batch = batch._replace(old_logp=old_logp, adv=adv, old_values=old_values, returns=returns)
+        batch = batch._replace(old_logp=old_logp,
+                               old_values=empty if values is None else values)
+    return batch, entropy
 
-    units = plan.rows // plan.unit  # partition units: whole groups, or single packed rows
-    per_update = units // spec.minibatches
 
-    def one_update(st: TrainState, idx: jax.Array):
-        """idx: [units of this minibatch]."""
-        rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(
-            spec.microbatches, -1)
-        grads, m, aux = _gradients(spec, st.params, batch, rows)
-        grad_norm = optax.global_norm(grads)
-        ok = jnp.isfinite(grad_norm) & jnp.isfinite(losses.safe_div(*m["pg_loss"]))
-        updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
-        params = optax.apply_updates(st.params, updates)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-        new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
-        return new, (m, grad_norm, ~ok, aux)
+def _with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
+    """PPO: GAE advantages and returns from the value head (DESIGN §3); the group
+    estimators' advantages came with `credit`."""
+    if not spec.is_ppo:
+        return batch
+    adv, returns = advantages.ppo_advantages(
+        terminal_reward=cred.shaped.reshape(-1), values=batch.old_values, mask=batch.mask,
+        gamma=spec.advantage.gamma, lam=spec.advantage.gae_lambda,
+        whiten=spec.advantage.normalize_std, eps=spec.advantage.eps)
+    return batch._replace(adv=adv, returns=returns)
 
+
+def _guarded_update(spec: StepSpec, optimizer: optax.GradientTransformation, st: TrainState,
+                    batch: _Batch, rows: jax.Array):
+    """One optimizer update on the micro-batches `rows` [microbatches, C]. Not applied (state
+    kept, counted as skipped) when the loss, the gradient or any updated parameter is not
+    finite. Returns (state, (metrics, grad norm, skipped, aux))."""
+    grads, m, aux = _gradients(spec, st.params, batch, rows)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
+    params = optax.apply_updates(st.params, updates)
+    finite_params = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(params)]
+    ok = (jnp.isfinite(grad_norm) & jnp.isfinite(losses.safe_div(*m["pg_loss"]))
+          & jnp.all(jnp.stack(finite_params)))
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+    new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
+    return new, (m, grad_norm, ~ok, aux)
+
+
+def _update_orders(spec: StepSpec, units: int, key: jax.Array) -> jax.Array:
+    """[epochs * minibatches, units per update]: each epoch a permutation of the partition
+    units (whole groups, or packed rows) split into minibatches."""
+    minibatches = spec.optim.minibatches
     orders = []
-    for epoch in range(spec.epochs):
+    for epoch in range(spec.optim.epochs):
         order = jnp.arange(units)
-        if spec.minibatches > 1:
+        if minibatches > 1:
             order = jax.random.permutation(jax.random.fold_in(key, epoch), units)
-        orders.append(order.reshape(spec.minibatches, per_update))
-    orders = jnp.concatenate(orders, axis=0)  # [epochs * minibatches, units per update]
-    state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, orders)
-    # On-policy diagnostics: from π_old's pass up front, or (one update) the gradient pass's.
-    if spec.single_update:
-        old_logp, entropy = (x[0] for x in aux)
-    diagnostics = _diagnostics(spec, batch, old_logp, entropy)
+        orders.append(order.reshape(minibatches, units // minibatches))
+    return jnp.concatenate(orders, axis=0)
 
-    metrics = losses.finalize_metrics(diagnostics)
-    # Over the step's updates (the first is on-policy: ratio 1, nothing clipped; the later ones
-    # show how far the minibatch updates move the policy): Stats summed, so token means are
-    # exact over the step; extremes over all updates.
+
+def _reduce_metrics(upd_metrics: dict, grad_norms: jax.Array, skipped: jax.Array
+                    ) -> dict[str, jax.Array]:
+    """Scalars over the step's updates (the first is on-policy: ratio 1, nothing clipped; the
+    later ones show how far the minibatch updates move the policy): Stats summed, so token
+    means are exact over the step; extremes over all updates; the grad norm over the applied
+    updates (when every update was skipped, their non-finite norm)."""
     def over_updates(k, v):
         if isinstance(v, losses.Stat):
             return losses.safe_div(jnp.sum(v.num), jnp.sum(v.den))
         return jnp.min(v) if k.endswith("_min") else jnp.max(v) if k.endswith("_max") \
             else jnp.mean(v)
 
-    metrics.update({k: over_updates(k, v) for k, v in upd_metrics.items()})
-    # Over the applied updates; when every update was skipped, their (non-finite) norm.
+    metrics = {k: over_updates(k, v) for k, v in upd_metrics.items()}
     applied = ~skipped
     metrics["grad_norm"] = jnp.where(
         jnp.any(applied),
@@ -483,15 +453,45 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
                         jnp.sum(applied).astype(jnp.float32)),
         jnp.mean(grad_norms))
     metrics["updates_skipped_nonfinite"] = jnp.sum(skipped)
-    if spec.log_drift:  # DESIGN §5: mean Δ log π on shared nodes across this step's updates
-        after = _frozen_stats(spec, state.params, batch, plan)[0]
-        before = old_logp  # π_old, from its own pass or (one update) the gradient pass
-        g = spec.group_size
-        for name, whole in (("shared_logprob_drift", False), ("shared_logprob_drift_whole", True)):
-            drift = jax.vmap(functools.partial(cancellation.shared_logprob_drift,
-                                               whole_group_only=whole))(
-                _groups(rollout.response, g), _groups(mask, g), _groups(before, g),
-                _groups(after, g))
-            metrics[name] = losses.safe_div(jnp.sum(drift.num), jnp.sum(drift.den))
-    state = state._replace(step=state.step + 1)
-    return state, metrics
+    return metrics
+
+
+def _drift_metrics(spec: StepSpec, params: Any, batch: _Batch, plan: packing.Plan,
+                   before: jax.Array) -> dict[str, jax.Array]:
+    """DESIGN §5: mean Δ log π on shared nodes between π_old (`before` [N, R]) and `params`."""
+    after = _frozen_stats(spec, params, batch, plan)[0]
+    g, out = spec.group_size, {}
+    for name, whole in (("shared_logprob_drift", False), ("shared_logprob_drift_whole", True)):
+        drift = jax.vmap(functools.partial(cancellation.shared_logprob_drift,
+                                           whole_group_only=whole))(
+            _groups(batch.response, g), _groups(batch.mask, g), _groups(before, g),
+            _groups(after, g))
+        out[name] = losses.safe_div(jnp.sum(drift.num), jnp.sum(drift.den))
+    return out
+
+
+def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: TrainState,
+           ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array,
+           plan: packing.Plan) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
+    passes in `spec.layout`: on the model rows `plan` makes ("packed", "rows"), or on whole
+    groups ("grouped": `plan` is the identity plan, partition unit G)."""
+    batch, entropy = _prepare_batch(spec, state, ref_params, rollout, cred, plan)
+    batch = _with_advantages(spec, batch, cred)
+
+    def one_update(st: TrainState, idx: jax.Array):  # idx: [units of this minibatch]
+        rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(
+            spec.optim.microbatches, -1)
+        return _guarded_update(spec, optimizer, st, batch, rows)
+
+    orders = _update_orders(spec, plan.rows // plan.unit, key)
+    state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, orders)
+    # On-policy diagnostics: from π_old's pass up front, or (one update) the gradient pass's.
+    old_logp = batch.old_logp
+    if spec.single_update:
+        old_logp, entropy = (x[0] for x in aux)
+    metrics = losses.finalize_metrics(_diagnostics(spec, batch, old_logp, entropy))
+    metrics.update(_reduce_metrics(upd_metrics, grad_norms, skipped))
+    if spec.cancellation.log_drift:
+        metrics.update(_drift_metrics(spec, state.params, batch, plan, old_logp))
+    return state._replace(step=state.step + 1), metrics

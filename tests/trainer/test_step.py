@@ -95,7 +95,7 @@ def test_terminal_operator_is_plain_grpo():
 
 def test_token_credit_gives_delta_per_token():
     _, spec = _spec("ibpo_gspo", **{"ibpo.credit": "token"})
-    assert spec.loss == "gspo_token"
+    assert spec.loss.name == "gspo_token"
     cred, _ = _credit(spec, _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1]))
     adv = np.asarray(cred.adv)
     assert adv.shape == (8, R)
@@ -113,7 +113,7 @@ def _plan(spec, rollout):
     if spec.layout != "packed":
         return packing.identity(prompt_len, P, G)
     return packing.first_fit(prompt_len, response_len, P + R,
-                             multiple=spec.minibatches * spec.microbatches)
+                             multiple=spec.optim.minibatches * spec.optim.microbatches)
 
 
 def _update(cfg, spec, rollout, params=None):
@@ -141,7 +141,7 @@ def test_update_layouts_equal_rows(layout, algo, microbatches):
     metrics as one rollout row per model row."""
     rollout = _rollout(SHORT, SHORT_REWARDS)
     cfg, spec = _spec(algo, value_head=algo == "ppo")
-    spec = dataclasses.replace(spec, microbatches=microbatches, layout="rows")
+    spec = dataclasses.replace(spec.with_optim(microbatches=microbatches), layout="rows")
     other = dataclasses.replace(spec, layout=layout)
     if layout == "packed":
         plan = _plan(other, rollout)
@@ -166,7 +166,7 @@ def test_packed_minibatches_use_every_row_once_per_epoch():
     cfg, spec = _spec("ibpo_grpo", **{"loss.aggregation": "token_mean", "optim.lr": 0.0})
     spec = dataclasses.replace(spec, layout="packed")
     _, whole = _update(cfg, spec, rollout)
-    _, split = _update(cfg, dataclasses.replace(spec, minibatches=2), rollout)
+    _, split = _update(cfg, spec.with_optim(minibatches=2), rollout)
     assert abs(float(whole["pg_loss"])) > 1e-3
     assert float(split["pg_loss"]) == pytest.approx(float(whole["pg_loss"]), rel=1e-5)
 
@@ -179,8 +179,8 @@ def test_microbatch_accumulation_is_exact(algo):
     cfg, spec = _spec(algo, value_head=algo == "ppo")
     params = models.init(ARCH, jax.random.key(0), value_head=algo == "ppo").params
     whole, m1 = _update(cfg, spec, rollout, params)
-    split, m2 = _update(cfg, dataclasses.replace(spec, microbatches=2, logits_chunk=3), rollout,
-                        params)
+    split_spec = dataclasses.replace(spec.with_optim(microbatches=2), logits_chunk=3)
+    split, m2 = _update(cfg, split_spec, rollout, params)
     for a, b, c in zip(jax.tree.leaves(whole.params), jax.tree.leaves(split.params),
                        jax.tree.leaves(params)):
         assert not np.array_equal(a, c)  # the update moved every leaf
@@ -204,6 +204,22 @@ def test_nonfinite_update_is_skipped():
     assert int(state.step) == 1  # the step still counts; the run continues
     _, m = _update(cfg, spec, rollout, params)
     assert int(m["updates_skipped_nonfinite"]) == 0
+
+
+def test_update_making_a_parameter_nonfinite_is_skipped():
+    """Finite loss and gradients, but a step that overflows the parameters (lr 1e39 is inf in
+    float32): the parameter guard keeps the old state and counts the update as skipped."""
+    cfg, spec = _spec("ibpo_gspo", **{"optim.lr": 1e39})
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0)).params
+    state, m = _update(cfg, spec, rollout, params)
+    assert int(m["updates_skipped_nonfinite"]) == 1
+    assert np.isfinite(float(m["grad_norm"])) and float(m["grad_norm"]) > 0  # not the grad guard
+    assert np.isfinite(float(m["pg_loss"]))  # nor the loss guard
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    counts = [x for x in jax.tree.leaves(state.opt_state) if getattr(x, "ndim", 1) == 0]
+    assert all(int(c) == 0 for c in counts)  # the optimizer state is kept too
 
 
 def test_cancellation_diagnostics_and_min_replace():
@@ -252,7 +268,7 @@ def test_multi_update_path_matches_single_update_diagnostics():
     assert spec.single_update
     params = models.init(ARCH, jax.random.key(0)).params
     _, single = _update(cfg, spec, rollout, params)
-    multi_spec = dataclasses.replace(spec, minibatches=2)
+    multi_spec = spec.with_optim(minibatches=2)
     assert not multi_spec.single_update
     state, multi = _update(cfg, multi_spec, rollout, params)
     for key in ("cancellation_residual", "cancellation_residual_whole", "entropy",
@@ -273,7 +289,7 @@ def test_shared_prefix_drift_across_the_step():
     for lr in (0.0, 0.05):
         cfg, spec = _spec("ibpo_grpo", **{"optim.lr": lr, "cancellation.log_drift": True})
         # Several updates: π_old comes from the trainer's own pass up front.
-        _, m = _update(cfg, dataclasses.replace(spec, minibatches=2), rollout, params)
+        _, m = _update(cfg, spec.with_optim(minibatches=2), rollout, params)
         out[lr] = (float(m["shared_logprob_drift"]), float(m["shared_logprob_drift_whole"]))
     np.testing.assert_allclose(out[0.0], 0.0, atol=1e-6)
     assert abs(out[0.05][0]) > 1e-3
