@@ -15,8 +15,8 @@ not allocate all `max_new_tokens` slots up front: it runs its loop in segments o
 (`grow`, one copy per segment). A step then reads the slots written so far rounded up to the
 segment's width, not the whole preallocation.
 
-Einsum axis alphabet (shape comments): L layers, B prompts, R samples per prompt, K key/value
-heads, H head_dim, P prompt positions, N row-cache slots, T positions of a whole-sequence pass.
+Axis letters of the shape comments (`qwen3`'s alphabet): L layers, B prompts, R samples per
+prompt, K key/value heads, H head_dim, P prompt positions, C row-cache slots, T positions.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class PromptKV(NamedTuple):
 class RowKV(NamedTuple):
     """Each row's own keys/values, one slot per generated token."""
 
-    k: Array  # [B*R, K, H, N] (transposed)
-    v: Array  # [B*R, K, N, H]
+    k: Array  # [B*R, K, H, C] (transposed)
+    v: Array  # [B*R, K, C, H]
 
 
 class KVCache(NamedTuple):
@@ -63,8 +63,8 @@ def prompt_cache(kv: Any, stacked: bool) -> Any:
 def empty_rows(rows: int, slots: int, num_layers: int, kv_heads: int, head_dim: int,
                dtype: Any, stacked: bool) -> Any:
     """A zero RowKV of `slots` slots for `rows` rows: stacked [L, ...] or a tuple of L."""
-    k_shape = (rows, kv_heads, head_dim, slots)  # [B*R, K, H, N]
-    v_shape = (rows, kv_heads, slots, head_dim)  # [B*R, K, N, H]
+    k_shape = (rows, kv_heads, head_dim, slots)  # [B*R, K, H, C]
+    v_shape = (rows, kv_heads, slots, head_dim)  # [B*R, K, C, H]
     if stacked:
         return RowKV(jnp.zeros((num_layers, *k_shape), dtype),
                      jnp.zeros((num_layers, *v_shape), dtype))
@@ -73,8 +73,8 @@ def empty_rows(rows: int, slots: int, num_layers: int, kv_heads: int, head_dim: 
 
 
 def slots_of(rows: Any) -> int:
-    """The slot count N of a RowKV (stacked or a tuple of L)."""
-    return jax.tree.leaves(rows)[-1].shape[-2]  # a value array [.., N, H]
+    """The slot count C of a RowKV (stacked or a tuple of L)."""
+    return jax.tree.leaves(rows)[-1].shape[-2]  # a value array [.., C, H]
 
 
 def slot_widths(slots: int, first: int = 16) -> tuple[int, ...]:
