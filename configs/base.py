@@ -38,6 +38,8 @@ ARITH_TINY = {
     "train.steps": 200, "train.eval_every": 50, "train.checkpoint_every": 50,
     "optim.lr": 3e-5, "optim.minibatches": 4, "loss.beta": 0.01,
     "eval.num_prompts": 500, "eval.samples": 8, "eval.temperature": 1.0,
+    # Appendix A's policy-gradient variance at steps 1, 20, 40, ... (trainer/pg_variance.py).
+    "diagnostics.grad_var_every": 20,
 }
 
 # Seconds-long run for tests: a smaller model and batch, a few steps. The 800-step warm start
@@ -54,7 +56,7 @@ SMOKE = {
     "optim.minibatches": 1,
     "warm_start.steps": 800, "warm_start.warmup_steps": 50, "warm_start.batch_size": 32,
     "train.steps": 4, "train.eval_every": 2, "train.checkpoint_every": 2,
-    "train.progress": False,
+    "train.progress": False, "diagnostics.grad_var_every": 0,
     "eval.num_prompts": 4, "eval.samples": 4, "eval.temperature": 1.0,
 }
 
@@ -66,7 +68,7 @@ QWEN3_MATH = {
     "model.scan_layers": True, "model.logits_chunk": 1024,
     "rollout.prompts_per_step": 128, "rollout.group_size": 8, "rollout.max_prompt_len": 1024,
     "rollout.max_new_tokens": 8192, "rollout.temperature": 1.0,
-    "reward.num_workers": 16, "optim.lr": 1e-6, "mesh.data": -1, "ibpo.max_units": 512,
+    "reward.num_workers": 16, "optim.lr": 1e-6, "mesh.data": -1,
     "train.steps": 400, "train.eval_every": 50, "train.checkpoint_every": 25,
     "train.distributed": True,
     "eval.num_prompts": 500, "eval.samples": 8, "eval.temperature": 0.6, "eval.top_p": 0.95,

@@ -270,8 +270,10 @@ class IbpoConfig(_Section):
     """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0)."""
     granularity: str = "step"
     """Comparison units: "step" (hashed lines) or "token"."""
-    max_units: int = 64
-    """Comparison units kept per response (longer ones are cut)."""
+    max_units: int = 0
+    """Comparison unit slots per response; 0 = every unit of the whole response (DESIGN §2).
+    A positive value is a memory cap: units past it are left out of φ and Δ, and the share of
+    rows it cuts is logged as units_truncated_frac."""
     lam: float = 0.5
     """λ of eq. 5: r̃ = R + λφ."""
     credit: str = "sequence"
@@ -284,7 +286,7 @@ class IbpoConfig(_Section):
     def check(self):
         self._registered("operator", registry.OPERATORS)
         self._one_of("granularity", ("step", "token"))
-        self._positive("max_units")
+        self._nonneg("max_units")
         self._nonneg("lam")
         self._one_of("credit", ("sequence", "token"))
         self._one_of("alignment", ("lcs", "prefix"))
@@ -426,9 +428,13 @@ class TrainLoopConfig(_Section):
     """Show a progress bar."""
     allow_config_change: bool = False
     """Resume a workdir whose checkpoint was written under another config only when true."""
+    budget: int = 0
+    """Stop once budget_trajectories reaches this many sampled trajectories (DESIGN §6, so
+    methods compare at equal budget), evaluating and checkpointing there; 0 = train.steps."""
 
     def check(self):
         self._positive("steps", "eval_every", "checkpoint_every", "keep_checkpoints")
+        self._nonneg("budget")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,3 +167,21 @@ def test_every_config_field_has_a_docstring():
                 if is_field and not documented:
                     missing.append(f"{node.name}.{field.target.id}")
     assert not missing, missing
+
+
+@pytest.mark.parametrize("algo,clip", [
+    ("gspo", (3e-4, 4e-4)), ("ibpo_gspo", (3e-4, 4e-4)),  # GSPO's sequence-ratio range
+    ("grpo", (0.2, 0.2)), ("ibpo_grpo", (0.2, 0.2)), ("ppo", (0.2, 0.2)), ("ibpo_ppo", (0.2, 0.2)),
+])
+def test_algorithms_use_the_papers_clip_ranges(algo, clip):
+    # Pinned by hand (DESIGN §4), not read back from the module that sets them.
+    cfg = config.load(f"configs/{algo}.py")
+    assert (cfg.loss.clip_eps_low, cfg.loss.clip_eps_high) == clip
+
+
+def test_appendix_a_diagnostics_on_by_default_and_off_in_smoke():
+    assert config.load("configs/ibpo_gspo.py").diagnostics.grad_var_every == 20
+    assert config.load("configs/ibpo_gspo.py:smoke").diagnostics.grad_var_every == 0
+    assert config.load("configs/ibpo_gspo.py").ibpo.max_units == 0  # φ over whole responses
+    cfg = config.load("configs/ibpo_gspo.py")
+    assert (cfg.ibpo.alignment, cfg.ibpo.reduce) == ("lcs", "max")

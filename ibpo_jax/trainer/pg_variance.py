@@ -16,11 +16,17 @@ of Σ‖g_b‖² - B‖ḡ‖² in float32.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from ibpo_jax import losses
+from ibpo_jax.trainer import credit as credit_lib
+from ibpo_jax.trainer import packing, step
+from ibpo_jax.trainer.state import TrainState
 
 
 def _sqnorm(tree: Any) -> jax.Array:
@@ -72,3 +78,34 @@ def group_gradient_variance(
         "pg_mean_sqnorm": _sqnorm(mean) * inv**2,
         "grad_sum": jax.tree.map(lambda m: m * (n_groups * inv), mean),
     }
+
+
+def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: step.Rollout,
+            cred: step.Credit, plan: packing.Plan) -> dict[str, jax.Array]:
+    """DESIGN §3's PG variance of one rollout batch, with the run's λ and with λ = 0.
+
+    Same trajectories, same loss (normalization, aggregation, KL, transform), at the policy
+    that sampled them (ratio 1): `pg_var`, `pg_mean_sqnorm` with φ; `pg_var_gspo`,
+    `pg_mean_sqnorm_gspo` with GSPO's advantages (φ = 0); `pg_var_ratio` = pg_var /
+    pg_var_gspo. `spec` is the run's `step.StepSpec` (any layout: the per-group gradients use
+    the "grouped" one), `plan` the identity packing plan of the batch (partition unit G). The
+    value loss (PPO) is not part of the policy gradient and is left out.
+    """
+    spec = dataclasses.replace(spec, layout="grouped")
+    n_groups = rollout.reward.shape[0] // spec.group_size
+    batch, _ = step.prepare_batch(spec, state, ref_params, rollout, cred, plan)
+    zero = jnp.zeros_like(cred.phi)
+    adv0 = credit_lib.group_advantages(spec, rollout, zero)  # [N]; token credit: Δ = φ = 0
+    if cred.adv.ndim == 2:
+        adv0 = jnp.broadcast_to(adv0[:, None], cred.adv.shape)
+    without_phi = cred._replace(  # GSPO on the same trajectories (DESIGN §3: λ = 0)
+        phi=zero, shaped=credit_lib.groups(rollout.reward, spec.group_size), adv=adv0)
+    out = {}
+    for suffix, c in (("", cred), ("_gspo", without_phi)):
+        b = step.with_advantages(spec, batch._replace(adv=c.adv), c)
+        r = group_gradient_variance(
+            lambda p, g, b=b: step.group_policy_terms(spec, p, b, g), state.params, n_groups)
+        out["pg_var" + suffix] = r["pg_var"]
+        out["pg_mean_sqnorm" + suffix] = r["pg_mean_sqnorm"]
+    out["pg_var_ratio"] = losses.safe_div(out["pg_var"], out["pg_var_gspo"])
+    return out

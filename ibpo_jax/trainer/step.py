@@ -1,6 +1,7 @@
 """The device side of one RL step, as two jitted pure functions.
 
-`credit`:  rollout -> φ (comparison kernel, DESIGN §2) -> advantages (DESIGN §3) + statistics.
+`credit`:  rollout -> φ (comparison kernel, DESIGN §2) -> advantages (DESIGN §3) + statistics
+           (trainer/credit.py, re-exported here).
 `update`:  old / reference log-probs -> epochs x minibatches of policy updates, each the exact
            gradient of Σnum / Σden over its micro-batches (DESIGN §4), cancellation diagnostics
            and transforms (DESIGN §5); an update whose loss, gradient or new parameters are
@@ -27,30 +28,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ibpo_jax import advantages, cancellation, comparison, config, losses, models
-from ibpo_jax.registry import ESTIMATORS, LOSSES
+from ibpo_jax import advantages, cancellation, config, losses, models
+from ibpo_jax.registry import LOSSES
 from ibpo_jax.trainer import packing
+from ibpo_jax.trainer.credit import Credit, Rollout, credit, response_mask  # noqa: F401  (credit, Credit, Rollout: the step's API)
+from ibpo_jax.trainer.credit import groups as _groups
 from ibpo_jax.trainer.state import TrainState
-
-
-class Rollout(NamedTuple):
-    """One step's samples, rewards included (device arrays, rows prompt-major)."""
-
-    prompt: jax.Array  # [N, P] int32, left-padded
-    prompt_len: jax.Array  # [N] int32
-    response: jax.Array  # [N, R] int32, right-padded
-    response_len: jax.Array  # [N] int32, generated tokens incl. a final EOS
-    sample_logp: jax.Array  # [N, R] float32, sampler's log-probs (0 past the length)
-    reward: jax.Array  # [N] float32, R_i (DESIGN §1)
-    correct: jax.Array  # [N] bool
-    ended: jax.Array  # [N] bool, the response ends with EOS (else truncated)
-
-
-class Credit(NamedTuple):
-    phi: jax.Array  # [B, G] float32
-    first_error: jax.Array  # [B, G] int32, units kept before the first error (wrong rows)
-    shaped: jax.Array  # [B, G] float32, r̃ = R + λφ (eq. 5)
-    adv: jax.Array  # [N] or [N, R] advantages (group estimators); zeros for PPO (GAE later)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,92 +93,6 @@ class StepSpec:
     def single_update(self) -> bool:
         """One optimizer update per rollout: π_old is the policy being differentiated."""
         return self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo
-
-
-def response_mask(lengths: jax.Array, width: int) -> jax.Array:
-    return jnp.arange(width)[None, :] < lengths[:, None]  # [N, R]
-
-
-def _groups(x: jax.Array, g: int) -> jax.Array:
-    return x.reshape(x.shape[0] // g, g, *x.shape[1:])
-
-
-# ------------------------------------------------------------------------------ credit
-
-
-def comparison_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array):
-    """Units [N, U], unit counts [N] and each token's unit [N, R] of the responses (DESIGN §2).
-
-    The comparison excludes the EOS token (DESIGN §1).
-    """
-    length = rollout.response_len - rollout.ended.astype(jnp.int32)
-    max_units = spec.ibpo.max_units
-    if spec.ibpo.granularity == "token":
-        units, n_units = jax.vmap(comparison.token_units)(rollout.response, length)
-        n_units = jnp.minimum(n_units, max_units)
-        pos = jnp.broadcast_to(jnp.arange(units.shape[1]), units.shape)
-        token_unit = jnp.where(pos < n_units[:, None], pos, -1)
-        return units[:, :max_units], n_units, token_unit
-    split = jax.vmap(lambda t, n: comparison.split_steps(t, n, is_delim,
-                                                         max_units=max_units))
-    units, n_units = split(rollout.response, length)
-    token_unit = jax.vmap(lambda t, n: comparison.token_unit_index(
-        t, n, is_delim, max_units=max_units))(rollout.response, length)
-    return units, n_units, token_unit
-
-
-def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credit, dict]:
-    """φ, advantages and the group statistics of Appendix A for one rollout batch."""
-    g = spec.group_size
-    units, n_units, token_unit = comparison_units(spec, rollout, is_delim)
-    phi_fn = lambda u, n, c: comparison.compute_phi(u, n, c, operator=spec.ibpo.operator)
-    phi_out = jax.vmap(phi_fn)(_groups(units, g), _groups(n_units, g), _groups(rollout.correct, g))
-    phi = phi_out.phi  # [B, G]
-    rewards = _groups(rollout.reward, g)  # [B, G]
-    adv_kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
-                  eps=spec.advantage.eps, ddof=spec.advantage.ddof)
-    if spec.is_ppo:
-        adv = jnp.zeros_like(rollout.reward)  # GAE needs the value head: computed in `update`
-    elif spec.ibpo.credit == "token":
-        delta = comparison.units_to_tokens(phi_out.delta.reshape(-1, units.shape[1]),
-                                           token_unit)  # [N, R]
-        delta = jnp.where(response_mask(rollout.response_len, delta.shape[1]), delta, 0.0)
-        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, _groups(delta, g), **adv_kw)
-        adv = adv.reshape(rollout.response.shape)
-    else:
-        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, **adv_kw).reshape(-1)
-    shaped = rewards + spec.ibpo.lam * phi
-    return Credit(phi, phi_out.first_error, shaped, adv), credit_metrics(rollout, phi, spec)
-
-
-def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:
-    g = spec.group_size
-    y = _groups(rollout.reward, g)
-    correct = _groups(rollout.correct, g)
-    mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
-    wrong_scored = ~correct & jnp.any(correct, -1, keepdims=True)
-    stats = advantages.appendix_a_stats(y, phi, lam=spec.ibpo.lam)  # per group, unnormalized
-    n_mixed = jnp.maximum(jnp.sum(mixed), 1)
-
-    def over_mixed(x):
-        return jnp.sum(jnp.where(mixed, x, 0.0)) / n_mixed
-
-    lengths = rollout.response_len.astype(jnp.float32)
-    return {
-        "reward_mean": jnp.mean(rollout.reward),
-        "reward_var": jnp.var(rollout.reward),
-        "accuracy": jnp.mean(rollout.correct.astype(jnp.float32)),
-        # mean φ over wrong responses of groups with a correct one (elsewhere φ = 0 by definition)
-        "phi_mean": jnp.sum(jnp.where(wrong_scored, phi, 0.0))
-        / jnp.maximum(jnp.sum(wrong_scored), 1),
-        "cov_y_phi": over_mixed(-stats["C"]),
-        "lambda_max": over_mixed(stats["lambda_max"]),
-        "adv_var": jnp.mean(stats["var_adv_ibpo"]),
-        "adv_var_gspo": jnp.mean(stats["var_adv_gspo"]),
-        "frac_groups_all_same": jnp.mean(1.0 - mixed.astype(jnp.float32)),
-        "response_len_mean": jnp.mean(lengths),
-        "frac_truncated": jnp.mean(1.0 - rollout.ended.astype(jnp.float32)),
-    }
 
 
 # ------------------------------------------------------------------------------ update
@@ -316,6 +213,31 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
     return out
 
 
+def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array):
+    """(num, LossOutput) of the run's policy loss (KL included; a cancellation transform's
+    reweighted numerator when one is set) on the rows `b.mask` selects."""
+    ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
+    out = LOSSES.get(spec.loss.name, key="config.loss.name")(
+        spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
+    if spec.cancellation.transform == "none":
+        return out.num, out
+    num, _ = cancellation.reweighted_loss(  # the chunk holds whole groups (identity plan)
+        spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
+        mask=b.mask, ref_logp=ref_logp)
+    return num, out
+
+
+def group_policy_terms(spec: StepSpec, params: Any, b: _Batch, group: jax.Array):
+    """(num, den) of the policy loss restricted to group `group` (an int32 scalar), on-policy
+    (ratio 1): the per-group term of DESIGN §3's policy-gradient variance. Needs the
+    "grouped" layout."""
+    rows = group * spec.group_size + jnp.arange(spec.group_size)
+    logp, _, _, here = _chunk_stats(spec, params, b, rows)
+    num, out = policy_terms(spec, b._replace(mask=b.mask & here[:, None]), logp,
+                            jax.lax.stop_gradient(logp))
+    return num, out.den
+
+
 def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     """(num, (den, metrics, aux)) of the rollout rows in packed rows `rows`. aux: with one
     update per rollout, this pass's (detached) log-probs and entropy, the on-policy ones."""
@@ -326,15 +248,12 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
     old_logp = jax.lax.stop_gradient(logp) if single else b.old_logp
-    ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
-    out = LOSSES.get(spec.loss.name, key="config.loss.name")(
-        spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
-    num = out.num
-    if spec.cancellation.transform != "none":  # the chunk holds whole groups (identity plan)
-        num, _ = cancellation.reweighted_loss(
-            spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
-            mask=b.mask, ref_logp=ref_logp)
+    num, out = policy_terms(spec, b, logp, old_logp)
     metrics = dict(out.metrics)
+    if spec.layout != "packed":  # whole groups per chunk: the residual at the current ratios
+        num_r, den_r = _per_group(spec, cancellation.residual_terms, b,
+                                  jax.lax.stop_gradient(out.weights))
+        metrics["cancellation_residual_updates"] = losses.Stat(num_r.sum(), den_r.sum())
     if spec.is_ppo:
         vl = losses.value_loss(spec.loss, values=values, old_values=b.old_values,
                                returns=b.returns, mask=b.mask)
@@ -366,7 +285,7 @@ def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
 # the optimizer updates (each guarded against non-finite values), reduce the metrics.
 
 
-def _prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
+def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
                    cred: Credit, plan: packing.Plan) -> tuple[_Batch, jax.Array | None]:
     """The update's inputs per rollout row, with π_ref's log-probs (β > 0) and, when π_old is
     frozen across several updates, its log-probs, values and entropy from one pass up front.
@@ -391,7 +310,7 @@ def _prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: 
     return batch, entropy
 
 
-def _with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
+def with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
     """PPO: GAE advantages and returns from the value head (DESIGN §3); the group
     estimators' advantages came with `credit`."""
     if not spec.is_ppo:
@@ -476,8 +395,8 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
     passes in `spec.layout`: on the model rows `plan` makes ("packed", "rows"), or on whole
     groups ("grouped": `plan` is the identity plan, partition unit G)."""
-    batch, entropy = _prepare_batch(spec, state, ref_params, rollout, cred, plan)
-    batch = _with_advantages(spec, batch, cred)
+    batch, entropy = prepare_batch(spec, state, ref_params, rollout, cred, plan)
+    batch = with_advantages(spec, batch, cred)
 
     def one_update(st: TrainState, idx: jax.Array):  # idx: [units of this minibatch]
         rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(

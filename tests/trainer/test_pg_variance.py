@@ -57,6 +57,51 @@ def test_identical_groups_have_zero_variance_and_one_group_is_refused():
     terms = lambda p, b: (jnp.sum(p["w"] ** 2), jnp.float32(2.0))  # noqa: E731 same every group
     out = pg_variance.group_gradient_variance(terms, params, 3)
     np.testing.assert_allclose(out["pg_var"], 0.0, atol=1e-7)
-    np.testing.assert_allclose(out["pg_mean_sqnorm"], 2 * (2 / 6) ** 2, rtol=1e-6)  # g_b = 2w / D, D = 6
+    # g_b = 2w / D with D = 6
+    np.testing.assert_allclose(out["pg_mean_sqnorm"], 2 * (2 / 6) ** 2, rtol=1e-6)
     with pytest.raises(ValueError, match=">= 2 groups"):
         pg_variance.group_gradient_variance(terms, params, 1)
+
+
+# ----------------------------------------------------------------- on the step's own loss
+
+def _step_setup(algo, **overrides):
+    from ibpo_jax.trainer import packing, step
+    from ibpo_jax.trainer.state import init_state, make_optimizer
+    from tests.trainer.test_step import (ARCH, GROUP0, GROUP1, IS_DELIM, REWARDS0, REWARDS1,
+                                         _rollout, _spec)
+    from ibpo_jax import models
+
+    cfg, spec = _spec(algo, **{"optim.minibatches": 1, **overrides})
+    rollout = _rollout([*GROUP0, *GROUP1, *GROUP0], [*REWARDS0, *REWARDS1, *REWARDS0[::-1]])
+    cred, _ = jax.jit(lambda r: step.credit(spec, r, IS_DELIM))(rollout)
+    params = models.init(ARCH, jax.random.key(0), dtype=jnp.float32).params
+    ref = jax.tree.map(lambda x: x * 0.9, params)  # a reference apart: the KL term counts
+    state = init_state(params, make_optimizer(cfg.optim, total_updates=1))
+    plan = packing.identity(np.asarray(rollout.prompt_len), 4, 4)
+    return spec, state, ref, rollout, cred, plan
+
+
+def test_per_group_gradients_of_the_run_loss_sum_to_its_batch_gradient():
+    from ibpo_jax.trainer import step
+
+    spec, state, ref, rollout, cred, plan = _step_setup("ibpo_gspo")
+    batch, _ = step.prepare_batch(spec, state, ref, rollout, cred, plan)
+    terms = lambda p, g: step.group_policy_terms(spec, p, batch, g)  # noqa: E731
+    out = jax.jit(lambda p: pg_variance.group_gradient_variance(terms, p, 3))(state.params)
+    rows = jnp.arange(12)[None, :]  # one micro-batch of every row: the update's gradient
+    want, _, _ = step._gradients(spec, state.params, batch, rows)
+    for a, b in zip(jax.tree.leaves(out["grad_sum"]), jax.tree.leaves(want)):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-7)
+    assert float(out["pg_var"]) > 0
+
+
+def test_measure_gives_ratio_one_without_phi_and_not_with_it():
+    spec, state, ref, rollout, cred, plan = _step_setup("gspo")  # terminal: φ = 0
+    out = jax.jit(lambda *a: pg_variance.measure(spec, *a))(state, ref, rollout, cred, plan)
+    np.testing.assert_allclose(out["pg_var"], out["pg_var_gspo"], rtol=1e-6)
+    np.testing.assert_allclose(out["pg_var_ratio"], 1.0, rtol=1e-6)
+    spec, state, ref, rollout, cred, plan = _step_setup("ibpo_gspo")
+    out = jax.jit(lambda *a: pg_variance.measure(spec, *a))(state, ref, rollout, cred, plan)
+    assert abs(float(out["pg_var_ratio"]) - 1.0) > 1e-3
+    assert all(np.isfinite(float(v)) for v in out.values())

@@ -151,8 +151,10 @@ def test_update_layouts_equal_rows(layout, algo, microbatches):
     packed, m2 = _update(cfg, other, rollout, params)
     for a, b in zip(jax.tree.leaves(unpacked.params), jax.tree.leaves(packed.params)):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-5)
-    assert set(m1) == set(m2)
-    for key in m1:
+    # The residual at the current ratios needs whole groups per micro-batch: not "packed".
+    per_update = {"cancellation_residual_updates"} if layout == "packed" else set()
+    assert set(m1) == set(m2) | per_update
+    for key in m2:
         assert float(m2[key]) == pytest.approx(float(m1[key]), rel=1e-4, abs=1e-6), key
     assert float(m1["grad_norm"]) > 0
 

@@ -1,0 +1,114 @@
+"""Credit for one rollout batch: φ (DESIGN §2), advantages (DESIGN §3) and their statistics.
+
+`credit(spec, rollout, is_delim)` is the first of the step's two jitted functions (the other is
+`step.update`). Rows are prompt-major: row b*G + g is sample g of prompt b, so [N] reshapes to
+[B, G] groups. φ covers each whole response: the unit budget defaults to every unit
+(`ibpo.max_units = 0`); a smaller budget is a memory cap whose truncated rows are logged as
+`units_truncated_frac`. Shapes: N = B*G rows, P prompt columns, R response columns, U units.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ibpo_jax import advantages, comparison
+from ibpo_jax.registry import ESTIMATORS
+
+if TYPE_CHECKING:
+    from ibpo_jax.trainer.step import StepSpec
+
+
+class Rollout(NamedTuple):
+    """One step's samples, rewards included (device arrays, rows prompt-major)."""
+
+    prompt: jax.Array  # [N, P] int32, left-padded
+    prompt_len: jax.Array  # [N] int32
+    response: jax.Array  # [N, R] int32, right-padded
+    response_len: jax.Array  # [N] int32, generated tokens incl. a final EOS
+    sample_logp: jax.Array  # [N, R] float32, sampler's log-probs (0 past the length)
+    reward: jax.Array  # [N] float32, R_i (DESIGN §1)
+    correct: jax.Array  # [N] bool
+    ended: jax.Array  # [N] bool, the response ends with EOS (else truncated)
+
+
+class Credit(NamedTuple):
+    phi: jax.Array  # [B, G] float32
+    first_error: jax.Array  # [B, G] int32, units kept before the first error (wrong rows)
+    shaped: jax.Array  # [B, G] float32, r̃ = R + λφ (eq. 5)
+    adv: jax.Array  # [N] or [N, R] advantages (group estimators); zeros for PPO (GAE later)
+
+
+def response_mask(lengths: jax.Array, width: int) -> jax.Array:
+    return jnp.arange(width)[None, :] < lengths[:, None]  # [N, R]
+
+
+def groups(x: jax.Array, g: int) -> jax.Array:
+    """[N, ...] -> [N / g, g, ...]."""
+    return x.reshape(x.shape[0] // g, g, *x.shape[1:])
+
+
+def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
+                     delta: jax.Array | None = None) -> jax.Array:
+    """The group estimator's advantages [N] (or [N, R] with per-token credit `delta` [N, R]);
+    zeros for PPO, whose GAE needs the value head (`step.update`)."""
+    if spec.is_ppo:
+        return jnp.zeros_like(rollout.reward)
+    g, rewards = spec.group_size, groups(rollout.reward, spec.group_size)
+    kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
+              eps=spec.advantage.eps, ddof=spec.advantage.ddof)
+    if delta is not None:
+        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, groups(delta, g), **kw)
+        return adv.reshape(rollout.response.shape)
+    return ESTIMATORS.get("grpo")(rewards, phi, **kw).reshape(-1)
+
+
+def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credit, dict]:
+    """φ, advantages and the group statistics of Appendix A for one rollout batch."""
+    g, ibpo = spec.group_size, spec.ibpo
+    u = comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
+                                  is_delim, granularity=ibpo.granularity,
+                                  max_units=ibpo.max_units or None)
+    phi_out = jax.vmap(lambda units, n, c: comparison.compute_phi(
+        units, n, c, operator=ibpo.operator, alignment=ibpo.alignment, reduce=ibpo.reduce))(
+        groups(u.units, g), groups(u.n_units, g), groups(rollout.correct, g))
+    phi = phi_out.phi  # [B, G]
+    delta = None
+    if ibpo.credit == "token" and not spec.is_ppo:  # Δ whose token mean is φ (DESIGN §2)
+        delta = comparison.token_delta(phi_out.delta.reshape(-1, u.units.shape[1]),
+                                       phi.reshape(-1), u.token_unit, rollout.response_len)
+    adv = group_advantages(spec, rollout, phi, delta)
+    shaped = groups(rollout.reward, g) + ibpo.lam * phi
+    metrics = credit_metrics(rollout, phi, spec)
+    metrics["units_truncated_frac"] = jnp.mean(u.truncated.astype(jnp.float32))
+    return Credit(phi, phi_out.first_error, shaped, adv), metrics
+
+
+def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:
+    """Rewards, φ and Appendix A's pooled moments of the batch (DESIGN §3)."""
+    g = spec.group_size
+    y = groups(rollout.reward, g)
+    correct = groups(rollout.correct, g)
+    mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
+    wrong_scored = ~correct & jnp.any(correct, -1, keepdims=True)
+    pooled = advantages.pooled_appendix_a(y, phi, lam=spec.ibpo.lam)
+    lengths = rollout.response_len.astype(jnp.float32)
+    return {
+        "reward_mean": jnp.mean(rollout.reward),
+        "reward_var": jnp.var(rollout.reward),
+        "accuracy": jnp.mean(rollout.correct.astype(jnp.float32)),
+        # mean φ over wrong responses of groups with a correct one (elsewhere φ = 0 by definition)
+        "phi_mean": jnp.sum(jnp.where(wrong_scored, phi, 0.0))
+        / jnp.maximum(jnp.sum(wrong_scored), 1),
+        "cov_y_phi": pooled["cov_y_phi"],
+        "lambda_max": pooled["lambda_max"],
+        # Unnormalized Var(A) of eqs. 11 / 10: their gap is algebra (a sanity check); the claim
+        # is about the policy-gradient variance (`pg_var*`, trainer/pg_variance.py).
+        "adv_var": pooled["var_adv_ibpo"],
+        "adv_var_gspo": pooled["var_adv_gspo"],
+        "frac_groups_all_same": jnp.mean(1.0 - mixed.astype(jnp.float32)),
+        "response_len_mean": jnp.mean(lengths),
+        "frac_truncated": jnp.mean(1.0 - rollout.ended.astype(jnp.float32)),
+    }
