@@ -21,3 +21,13 @@ settings.register_profile(
     derandomize=os.environ.get("CI") == "true",  # CI reruns are reproducible
 )
 settings.load_profile("ibpo")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smoke_data_dir(tmp_path_factory):
+    """One data + warm-start directory per test process: the smoke preset's base policy is
+    trained once (about 30 s) and shared by every test that runs the trainer."""
+    return tmp_path_factory.mktemp("smoke_data")

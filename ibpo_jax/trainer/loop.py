@@ -11,6 +11,7 @@ so a run killed at any point and restarted reproduces the uninterrupted run's me
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from ibpo_jax.config import RunConfig
 from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.trainer import evaluation, packing, policy, step
+from ibpo_jax.trainer import evaluation, packing, pg_variance, policy, step
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
@@ -241,6 +242,13 @@ class Trainer:
         with jax.set_mesh(self.mesh):
             cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
             jax.block_until_ready(cred)
+        diag = {}
+        if self.diagnose(s):  # at the policy that sampled the batch, before the update
+            t_diag = time.perf_counter()
+            diag = self.pg_variance(rollout, cred, prompt_len, prompts.tokens.shape[1])
+            diag["time_pg_var_s"] = time.perf_counter() - t_diag
+            self.write_record(s, cred, rollout, rows, infos)
+        with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
                                                         cred, update_key, plan)
@@ -249,6 +257,7 @@ class Trainer:
 
         metrics = {k: float(v) for k, v in
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
+        metrics.update(diag)
         metrics.update(_first_error_agreement(cred, sharding.host_array(rollout.correct), rows,
                                               infos, g))
         metrics.update(
@@ -257,10 +266,47 @@ class Trainer:
             update_tokens_frac=self.update_tokens_frac(plan, prompts.tokens.shape,
                                                        out.tokens.shape),
             tokens_per_s=int(lengths.sum()) / (t4 - t0),
-            time_rollout_s=t1 - t0, time_reward_s=t2 - t1, time_phi_s=t3 - t2,
-            time_update_s=t4 - t3,
+            time_rollout_s=t1 - t0, time_reward_s=t2 - t1,
+            time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0), time_update_s=t4 - t3,
         )
         return metrics
+
+    def diagnose(self, s: int) -> bool:
+        """Appendix A's diagnostics at step 1 and every diagnostics.grad_var_every steps."""
+        every = self.cfg.diagnostics.grad_var_every
+        return every > 0 and (s == 1 or s % every == 0)
+
+    @functools.cached_property
+    def pg_var_fn(self):
+        """Compiled on first use only: runs with the diagnostics off never build it."""
+        return jax.jit(functools.partial(pg_variance.measure, self.spec))
+
+    def pg_variance(self, rollout: step.Rollout, cred: step.Credit, prompt_len: np.ndarray,
+                    prompt_width: int) -> dict[str, float]:
+        """DESIGN §3's policy-gradient variance of this batch, with the run's λ and with 0."""
+        plan = self.packing_plan(prompt_len, prompt_len, prompt_width, 0, identity=True)
+        with jax.set_mesh(self.mesh):
+            out = self.pg_var_fn(self.state, self.base.params, rollout, cred, plan)
+        return {k: float(v) for k, v in jax.device_get(out).items()}
+
+    def write_record(self, s: int, cred: step.Credit, rollout: step.Rollout, rows: np.ndarray,
+                     infos: list[dict]) -> None:
+        """One line of <workdir>/appendix_a.jsonl: the batch's per-row reward, φ, first error
+        and the checker's true first wrong step (-1: none reported, or scored by another
+        process), read by notebooks/appendix_a.ipynb."""
+        phi, first = (sharding.host_array(x).reshape(-1) for x in (cred.phi, cred.first_error))
+        reward, correct = (sharding.host_array(x) for x in (rollout.reward, rollout.correct))
+        if not self.is_main:
+            return
+        truth = np.full(len(phi), -1)
+        for i, info in zip(rows, infos):
+            if info.get("first_wrong_step") is not None:
+                truth[i] = info["first_wrong_step"]
+        record = {"step": s, "reward": reward.tolist(), "correct": correct.astype(int).tolist(),
+                  "phi": np.round(phi, 5).tolist(), "first_error": first.tolist(),
+                  "true_first_wrong": truth.tolist()}
+        with open(self.workdir / "appendix_a.jsonl", "a") as f:
+            f.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def update_tokens_frac(self, plan: packing.Plan, prompt_shape: tuple[int, int],
                            response_shape: tuple[int, int]) -> float:
@@ -272,10 +318,11 @@ class Trainer:
         return plan.rows / n
 
     def packing_plan(self, prompt_len: np.ndarray, response_len: np.ndarray,
-                     prompt_width: int, response_width: int) -> packing.Plan:
+                     prompt_width: int, response_width: int, *,
+                     identity: bool = False) -> packing.Plan:
         """Where the update's model passes put each rollout row (every row's lengths, the
-        same on every process), on the mesh."""
-        if self.pack:
+        same on every process), on the mesh; `identity`: whole groups whatever the layout."""
+        if self.pack and not identity:
             plan = packing.first_fit(prompt_len, response_len, prompt_width + response_width,
                                      multiple=self.pack_multiple)
         else:
@@ -314,18 +361,25 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
         log = RunLog(workdir, total_steps=cfg.train.steps,
                      last_step=-1 if last is None else last, progress=cfg.train.progress,
                      is_main=trainer.is_main)
+        # Wall time over the run's segments: a resumed run continues its logged total.
+        done = [r for r in read_metrics(workdir / "metrics.jsonl") if r["step"] <= (last or 0)]
+        t_start = time.perf_counter() - (done[-1].get("time_total_s", 0.0) if done else 0.0)
         if last is None:
             log.info("evaluating the base policy")
-            log.write(0, {**trainer.evaluate(), "budget_trajectories": 0})
+            log.write(0, {**trainer.evaluate(), "budget_trajectories": 0, "time_total_s": 0.0})
         stall = workdir_lib.StallGuard(cfg.optim.epochs * cfg.optim.minibatches)
         for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
             metrics = trainer.rl_step(s)
-            if s % cfg.train.eval_every == 0 or s == cfg.train.steps:
+            final = s == cfg.train.steps or 0 < cfg.train.budget <= metrics["budget_trajectories"]
+            if s % cfg.train.eval_every == 0 or final:
                 metrics.update(trainer.evaluate())
+            metrics["time_total_s"] = time.perf_counter() - t_start
             log.write(s, metrics)
             stall.check(s, metrics)  # logged first: the rows show the skipped updates
-            if ckpt.should_save(s, last=s == cfg.train.steps):
+            if ckpt.should_save(s, last=final):
                 trainer.save(ckpt, s)
+            if final:
+                break
         trainer.export_hf(workdir / "hf_final")
     finally:
         if log is not None:

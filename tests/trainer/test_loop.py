@@ -30,9 +30,9 @@ REQUIRED = {
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
+def data_dir(smoke_data_dir):
     """Shared data + warm-start cache: the smoke base policy is trained once per session."""
-    return tmp_path_factory.mktemp("data")
+    return smoke_data_dir
 
 
 def _overrides(data_dir, **extra):
@@ -276,3 +276,14 @@ def test_evaluate_cli_prints_one_line_naming_the_checkpoint(uninterrupted_dir, d
     out = subprocess.run([*cmd, "--debug"], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 1 and "Traceback" in out.stderr
+
+
+def test_budget_stops_the_run_with_an_evaluation_and_a_checkpoint(data_dir, tmp_path):
+    # 4 prompts x G 4 = 16 trajectories per step: a budget of 20 is reached at step 2 of 4.
+    cfg = config.load("configs/gspo.py:smoke", _overrides(
+        data_dir, **{"train.steps": 4, "train.budget": 20, "train.eval_every": 4}))
+    rows = loop.run(cfg, workdir=tmp_path)
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert rows[-1]["budget_trajectories"] == 32 and "eval_accuracy" in rows[-1]
+    assert rows[-1]["time_total_s"] > rows[1]["time_total_s"] > 0
+    assert (tmp_path / "checkpoints" / "2").exists()
