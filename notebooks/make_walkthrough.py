@@ -49,8 +49,10 @@ units, n_units = [jnp.stack(x) for x in zip(*[
 correct = jnp.array([c.correct for c in checks])
 print("units per response:", n_units)"""),
     ("markdown", """## φ under each operator
-`lcs_first_error` (the default) counts how many leading steps of a wrong response appear, in
-order, in a correct one; its first-error position matches the checker's first wrong step."""),
+`lcs_first_error` (the default) aligns a wrong response with each correct one (an optimal
+LCS alignment, `alignment="lcs"`); its first error is the first step the alignment leaves
+unmatched, and φ the share of steps before it. Here the first-error positions match the
+checker's first wrong steps."""),
     ("code", """for op in ("terminal", "edit_distance", "lcs", "lcs_first_error"):
     out = comparison.compute_phi(units, n_units, correct, operator=op)
     print(f"{op:16s} phi = {np.round(np.asarray(out.phi), 3)}")
