@@ -145,17 +145,7 @@ class Trainer:
         # arrays are identical everywhere and each process places its own devices' rows.
         self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
 
-        sample_opts = dict(eos_ids=tuple(self.tokenizer.eos_ids), pad_id=self.tokenizer.pad_id,
-                           mesh=self.mesh)
-        self.generate = sampling.generate_fn(
-            self.base.config, self.base.options, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k, num_samples=cfg.rollout.group_size, **sample_opts)
-        self.eval_generate = sampling.generate_fn(
-            self.base.config, self.base.options,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-            num_samples=cfg.eval.samples, **sample_opts)
+        self.generate, self.eval_generate = self._samplers()
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
         # Packed update rows (trainer/packing.py) with optim.layout "packed", unless a
         # cancellation transform needs each group's rows together; packed-row counts split
@@ -176,6 +166,21 @@ class Trainer:
         self.pool = reward_pool(cfg, self.task.reward)
         self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
                           else reward_pool(cfg, self.eval_task.reward))
+
+    def _samplers(self) -> tuple[Any, Any]:
+        """The rollout's sampler (G samples per prompt) and evaluation's (eval.samples)."""
+        cfg, tok = self.cfg, self.tokenizer
+        opts = dict(eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=self.mesh)
+        rollout = sampling.generate_fn(
+            self.base.config, self.base.options, max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+            top_k=cfg.rollout.top_k, num_samples=cfg.rollout.group_size, **opts)
+        evaluation = sampling.generate_fn(
+            self.base.config, self.base.options,
+            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
+            num_samples=cfg.eval.samples, **opts)
+        return rollout, evaluation
 
     def restore(self, ckpt: Checkpointer) -> int | None:
         """Restores the newest intact checkpoint, if any, and records the run's config
@@ -204,28 +209,20 @@ class Trainer:
 
     def rl_step(self, s: int) -> dict[str, float]:
         """RL step `s` (1-based): updates the state, returns the step's metrics."""
-        cfg, tok, g = self.cfg, self.tokenizer, self.cfg.rollout.group_size
+        cfg, g = self.cfg, self.cfg.rollout.group_size
         with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
 
         t0 = time.perf_counter()
-        records = [self.train_records[int(i)]
-                   for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
-        prompts = encode_prompts(tok, [self.task.prompt_text(r) for r in records],
-                                 cfg.rollout.max_prompt_len)
-        with jax.set_mesh(self.mesh):
-            out = self.generate(self.state.params, prompts.tokens, prompts.lengths, gen_key)
+        records, prompts, out = self.sample(gen_key)
         # Each process scores the rows its devices hold; every row's length is needed by all
         # (the packing plan, identical on every process).
         rows, tokens = sharding.local_rows(out.tokens)
         lengths = sharding.host_array(out.lengths)
         t1 = time.perf_counter()
 
-        texts = decode_responses(tok, tokens, lengths[rows])
-        reward, infos = self.pool.score([records[i // g] for i in rows], texts)
-        correct = np.array([bool(i["correct"]) for i in infos], bool)
-        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths[rows] - 1, 0)]
-        ended = np.isin(last_token, tok.eos_ids) & (lengths[rows] > 0)
+        reward, correct, ended, infos = self.score([records[i // g] for i in rows], tokens,
+                                                   lengths[rows])
         t2 = time.perf_counter()
 
         n = len(lengths)
@@ -244,9 +241,7 @@ class Trainer:
             jax.block_until_ready(cred)
         diag = {}
         if self.diagnose(s):  # at the policy that sampled the batch, before the update
-            t_diag = time.perf_counter()
             diag = self.pg_variance(rollout, cred, prompt_len, prompts.tokens.shape[1])
-            diag["time_pg_var_s"] = time.perf_counter() - t_diag
             self.write_record(s, cred, rollout, rows, infos)
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
@@ -271,6 +266,28 @@ class Trainer:
         )
         return metrics
 
+    def sample(self, key: jax.Array) -> tuple[list[dict], Any, Any]:
+        """The next prompts of the training split, encoded, and G samples of each."""
+        cfg = self.cfg
+        records = [self.train_records[int(i)]
+                   for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
+        prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
+                                 cfg.rollout.max_prompt_len)
+        with jax.set_mesh(self.mesh):
+            out = self.generate(self.state.params, prompts.tokens, prompts.lengths, key)
+        return records, prompts, out
+
+    def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+        """Rewards, correctness, ended-with-EOS and the verifier's reports of this process's
+        rollout rows (tokens [n, R], lengths [n])."""
+        tok = self.tokenizer
+        reward, infos = self.pool.score(records, decode_responses(tok, tokens, lengths))
+        correct = np.array([bool(i["correct"]) for i in infos], bool)
+        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
+        ended = np.isin(last_token, tok.eos_ids) & (lengths > 0)
+        return reward, correct, ended, infos
+
     def diagnose(self, s: int) -> bool:
         """Appendix A's diagnostics at step 1 and every diagnostics.grad_var_every steps."""
         every = self.cfg.diagnostics.grad_var_every
@@ -284,10 +301,12 @@ class Trainer:
     def pg_variance(self, rollout: step.Rollout, cred: step.Credit, prompt_len: np.ndarray,
                     prompt_width: int) -> dict[str, float]:
         """DESIGN §3's policy-gradient variance of this batch, with the run's λ and with 0."""
+        t0 = time.perf_counter()
         plan = self.packing_plan(prompt_len, prompt_len, prompt_width, 0, identity=True)
         with jax.set_mesh(self.mesh):
             out = self.pg_var_fn(self.state, self.base.params, rollout, cred, plan)
-        return {k: float(v) for k, v in jax.device_get(out).items()}
+        out = {k: float(v) for k, v in jax.device_get(out).items()}
+        return {**out, "time_pg_var_s": time.perf_counter() - t0}
 
     def write_record(self, s: int, cred: step.Credit, rollout: step.Rollout, rows: np.ndarray,
                      infos: list[dict]) -> None:

@@ -1,0 +1,179 @@
+"""Reproduce the papers' tables and figures in miniature, with one command.
+
+    python -m experiments.reproduce ITEM [--task arith] [--seeds N] [--jobs J] [--smoke]
+                                         [--out DIR]
+
+ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, group_size,
+optimizers, appendix_a, appendix_b, cancellation, variants) or `all`.
+
+Each training run goes to runs/reproduce/<task>/<run name>_s<seed>/ (the trainer's own
+workdir: a killed run resumes from its last checkpoint). When a run finishes, its compact
+record (config, the per-step rows of the keys the reports use, the command) is written to
+experiments/results/runs/<task>/<run name>_s<seed>.json: commit those. A run whose record
+exists is not trained again, so a fresh machine with the committed records rebuilds every
+table without rerunning anything, and an interrupted grid picks up where it stopped. Reports
+(experiments/results/<task>/<item>.md and PNGs, and the summary experiments/results/README.md)
+are aggregated from the records only.
+
+--smoke trains the `smoke` preset for one step, one seed, the first run of each item, into
+--out (a temporary directory by default): seconds per run, for the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from experiments import items as items_lib
+from experiments import report
+
+ROOT = items_lib.ROOT
+RESULTS = ROOT / "experiments" / "results"
+# The keys a record keeps of each logged step (rows with none of them are dropped).
+KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_mean",
+        "cov_y_phi", "lambda_max", "pg_var", "pg_var_gspo", "pg_var_ratio", "pg_mean_sqnorm",
+        "pg_mean_sqnorm_gspo", "first_error_agreement", "cancellation_residual",
+        "cancellation_residual_whole", "shared_logprob_drift", "entropy", "response_len_mean",
+        "budget_trajectories", "time_total_s", "units_truncated_frac", "update_tokens_frac")
+TASKS = {  # --task -> (preset, extra overrides). The long-horizon task is not built yet.
+    "arith": ("arith_tiny", ()),
+}
+
+
+def command(r: items_lib.Run, *, preset: str, seed: int, workdir: Path,
+            extra: tuple[tuple[str, str], ...] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "ibpo_jax.train", f"--config=configs/{r.algo}.py:{preset}",
+           f"--workdir={workdir}", f"--config.seed={seed}", "--config.train.progress=false"]
+    cmd += [f"--config.{k}={v}" for k, v in (*r.overrides, *extra)]
+    return cmd
+
+
+def compact(workdir: Path, cmd: list[str]) -> dict | None:
+    """The run's record, or None when it has not finished (no final evaluation)."""
+    cfg_path, metrics = workdir / "config.json", workdir / "metrics.jsonl"
+    if not (cfg_path.exists() and metrics.exists()):
+        return None
+    cfg = json.loads(cfg_path.read_text())
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a torn last line: the run is not finished
+            continue
+        kept = {k: row[k] for k in KEPT if k in row}
+        if len(kept) > 1:
+            rows.append(kept)
+    last = [r for r in rows if r["step"] == cfg["train"]["steps"] and "eval_accuracy" in r]
+    if not last:
+        return None
+    # A few KB per run: evaluations, diagnostic steps and every 10th step.
+    rows = [r for r in rows if r["step"] % 10 == 0 or "eval_accuracy" in r or "pg_var" in r]
+    return {"command": " ".join(cmd[1:]).replace(sys.executable, "python"), "config": cfg,
+            "rows": rows}
+
+
+def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
+    cmd, workdir, log_path = job
+    t0 = time.time()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    err = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log_path}"
+    return workdir, time.time() - t0, err
+
+
+def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str,
+                extra: tuple, runs_dir: Path, records_dir: Path, parallel: int) -> None:
+    """Trains the runs without a record (resuming any partial workdir), `parallel` at a time,
+    writing each record as its run finishes."""
+    todo, by_workdir = [], {}
+    for r, seed in jobs:
+        record = records_dir / f"{r.name}_s{seed}.json"
+        if record.exists():
+            continue
+        workdir = runs_dir / f"{r.name}_s{seed}"
+        cmd = command(r, preset=preset, seed=seed, workdir=workdir, extra=extra)
+        if (rec := compact(workdir, cmd)) is not None:  # finished, record not yet written
+            _write(record, rec)
+            continue
+        todo.append((cmd, workdir, runs_dir / "logs" / f"{r.name}_s{seed}.log"))
+        by_workdir[workdir] = (record, cmd)
+    if not todo:
+        return
+    print(f"[{task}] {len(todo)} run(s) to train, {parallel} at a time", flush=True)
+    done = 0
+    with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
+        for workdir, seconds, err in pool.map(_train, todo):
+            done += 1
+            record, cmd = by_workdir[workdir]
+            rec = compact(workdir, cmd)
+            if err or rec is None:
+                print(f"  [{done}/{len(todo)}] {workdir.name}: FAILED ({err or 'no final eval'})",
+                      flush=True)
+                continue
+            _write(record, rec)
+            print(f"  [{done}/{len(todo)}] {workdir.name}: {seconds / 60:.1f} min, final eval "
+                  f"{rec['rows'][-1]['eval_accuracy']:.3f}", flush=True)
+
+
+def _write(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
+              out: Path) -> list[Path]:
+    """Runs and reports `names`; returns the results files written."""
+    preset, extra = TASKS[task]
+    if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
+        preset, extra = "smoke", (("train.steps", "1"), ("train.eval_every", "1"),
+                                  ("rollout.prompts_per_step", "4"))
+    runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
+    records_dir = out / "runs" / task
+    written = []
+    for name in names:
+        item = items_lib.ITEMS[name]
+        n_seeds = 1 if smoke else (seeds or item.min_seeds)
+        why = item.missing()
+        runs = item.runs[:1] if smoke else item.runs
+        if not why:
+            ensure_runs([(r, s) for r in runs for s in range(n_seeds)], task=task, preset=preset,
+                        extra=extra, runs_dir=runs_dir, records_dir=records_dir,
+                        parallel=parallel)
+        cmd = f"python -m experiments.reproduce {name} --task {task}" + (
+            f" --seeds {seeds}" if seeds else "") + (" --smoke" if smoke else "")
+        written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
+                                     out_dir=out / task, command=cmd, missing=why)
+    written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("item", choices=(*items_lib.ORDER, "all"))
+    p.add_argument("--task", choices=tuple(TASKS), default="arith")
+    p.add_argument("--seeds", type=int, default=None, help="default: the item's minimum (2-3)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
+                       else RESULTS)
+    names = list(items_lib.ORDER) if args.item == "all" else [args.item]
+    for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
+                          smoke=args.smoke, out=out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
