@@ -146,7 +146,7 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
         why = item.missing()
         runs = item.runs[:1] if smoke else item.runs
         if not why:
-            ensure_runs([(r, s) for r in runs for s in range(n_seeds)], task=task, preset=preset,
+            ensure_runs([(r, s) for s in range(n_seeds) for r in runs], task=task, preset=preset,
                         extra=extra, runs_dir=runs_dir, records_dir=records_dir,
                         parallel=parallel)
         cmd = f"python -m experiments.reproduce {name} --task {task}" + (

@@ -66,11 +66,19 @@ def test_identical_groups_have_zero_variance_and_one_group_is_refused():
 # ----------------------------------------------------------------- on the step's own loss
 
 def _step_setup(algo, **overrides):
+    from ibpo_jax import models
     from ibpo_jax.trainer import packing, step
     from ibpo_jax.trainer.state import init_state, make_optimizer
-    from tests.trainer.test_step import (ARCH, GROUP0, GROUP1, IS_DELIM, REWARDS0, REWARDS1,
-                                         _rollout, _spec)
-    from ibpo_jax import models
+    from tests.trainer.test_step import (
+        ARCH,
+        GROUP0,
+        GROUP1,
+        IS_DELIM,
+        REWARDS0,
+        REWARDS1,
+        _rollout,
+        _spec,
+    )
 
     cfg, spec = _spec(algo, **{"optim.minibatches": 1, **overrides})
     rollout = _rollout([*GROUP0, *GROUP1, *GROUP0], [*REWARDS0, *REWARDS1, *REWARDS0[::-1]])
