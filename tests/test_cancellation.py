@@ -346,16 +346,16 @@ def test_bad_inputs_name_the_culprit():
         cancellation.apply_transform(tok, m, jnp.zeros(3), jnp.zeros((3, 4)), transform="min")
 
 
-@pytest.mark.parametrize("eps,positive", [(0.2, True), (10.0, False)])
+@pytest.mark.parametrize("eps,positive", [((0.2, 0.2), True), ((0.9, 10.0), False)])
 def test_one_sided_clipping_shows_in_the_residual_only_off_ratio_one(eps, positive):
     # DESIGN §5 (M2): two responses on the same nodes, A = [+1, -1]. At ratio e^0.5 > 1 + ε
     # GRPO's clip zeroes only the A > 0 copy's weight, so the shared nodes' weights differ;
-    # with ε so wide nothing is clipped the weights stay exchangeable. At ratio 1 nothing is
+    # with a range so wide that nothing is clipped the weights stay exchangeable. At ratio 1 nothing is
     # ever clipped, which is why the trainer also logs the residual at the current ratios.
     from ibpo_jax.config import LossConfig
 
-    spec = LossConfig(name="grpo", aggregation="token_mean", clip_eps_low=eps,
-                      clip_eps_high=eps, beta=0.0)
+    spec = LossConfig(name="grpo", aggregation="token_mean", clip_eps_low=eps[0],
+                      clip_eps_high=eps[1], beta=0.0)
     tokens = jnp.array([[7, 8, 9], [7, 8, 9]])
     mask = jnp.ones((2, 3), bool)
     adv = jnp.array([1.0, -1.0])
