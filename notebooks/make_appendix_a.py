@@ -178,7 +178,7 @@ for r, rec in recs:
             by_step.setdefault(min(t, 6), []).append(phi)
 if by_step:
     keys = sorted(by_step)
-    axes[0].boxplot([by_step[k] for k in keys], labels=[str(k) if k < 6 else "6+" for k in keys])
+    axes[0].boxplot([by_step[k] for k in keys], tick_labels=[str(k) if k < 6 else "6+" for k in keys])
     axes[0].set_xlabel("checker's first wrong step"); axes[0].set_ylabel("φ")
 for r in runs:
     pts = [(x["step"], x["first_error_agreement"]) for x in r["rows"]

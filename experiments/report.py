@@ -1,0 +1,219 @@
+"""Tables, plots and verdicts of the reproduction, from committed run records only.
+
+A record (experiments/reproduce.py) holds a run's config and its per-step rows. For each item
+this writes <out>/<task>/<item>.md (mean ± sd over seeds, the paper's number beside ours, a
+verdict in words), <item>.png (held-out accuracy over steps with a ±1 sd band over seeds, and
+the item's own per-step metrics) and <item>.json (the verdict, for the summary table).
+
+"Higher" / "lower" below means the difference of the seed means exceeds twice its standard
+error, sqrt(sd_a²/n_a + sd_b²/n_b); otherwise "level". With 2-3 seeds that is a coarse test: a
+"level" says the seeds cannot tell the two apart, not that they are equal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from experiments import items as items_lib
+
+
+def load(records_dir: Path, r: items_lib.Run, seeds: int) -> list[dict]:
+    out = []
+    for s in range(seeds):
+        path = records_dir / f"{r.name}_s{s}.json"
+        if path.exists():
+            out.append(json.loads(path.read_text()))
+    return out
+
+
+def _evals(rec: dict) -> list[tuple[int, float]]:
+    return [(row["step"], row["eval_accuracy"]) for row in rec["rows"] if "eval_accuracy" in row]
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return math.nan, math.nan
+    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else math.nan
+
+
+def fmt(xs: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    m, sd = _mean_sd(xs)
+    if m != m:
+        return "—"
+    return f"{m * scale:.{digits}f}" + ("" if sd != sd else f" ± {sd * scale:.{digits}f}")
+
+
+def compare(a: list[float], b: list[float]) -> str:
+    """'higher' / 'lower' / 'level' of a against b (see the module docstring)."""
+    if len(a) < 2 or len(b) < 2:
+        return "n/a (1 seed)"
+    (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
+    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
+    return "higher" if ma - mb > 2 * se else "lower" if mb - ma > 2 * se else "level"
+
+
+def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
+    """Per-seed values of a run: base, final, gain, and each metric's mean over logged steps."""
+    out = {"base": [], "final": [], "gain": [], "time_min": []}
+    for rec in recs:
+        ev = _evals(rec)
+        out["base"].append(ev[0][1])
+        out["final"].append(ev[-1][1])
+        out["gain"].append(ev[-1][1] - ev[0][1])
+        t = [row["time_total_s"] for row in rec["rows"] if "time_total_s" in row]
+        if t:
+            out["time_min"].append(t[-1] / 60)
+    for k in metrics:
+        out[k] = [statistics.mean(v) for rec in recs
+                  if (v := [row[k] for row in rec["rows"] if k in row and row["step"] > 0])]
+    return out
+
+
+def steps_to(recs: list[dict], threshold: float) -> str:
+    """First evaluated step at which the seed-mean accuracy reaches `threshold` (§4.2)."""
+    by_step: dict[int, list[float]] = {}
+    for rec in recs:
+        for step, acc in _evals(rec):
+            by_step.setdefault(step, []).append(acc)
+    for step in sorted(by_step):
+        if step > 0 and statistics.mean(by_step[step]) >= threshold:
+            return str(step)
+    return "not reached"
+
+
+def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
+    """(short verdict, explanation) of the item's claim from the per-label summaries."""
+    f = {label: v["final"] for label, v in s.items() if v["final"]}
+    c = lambda a, b: compare(f.get(a, []), f.get(b, []))  # noqa: E731
+    if item.name == "appendix_a":
+        if "IBPO-GSPO" not in f:
+            return "not run", "no IBPO-GSPO records"
+        cov = s["IBPO-GSPO"].get("cov_y_phi", [])
+        ratio = s["IBPO-GSPO"].get("pg_var_ratio", [])
+        i_ok = bool(cov) and max(cov) < 0
+        ii_ok = bool(ratio) and statistics.mean(ratio) <= 0.8
+        return ("holds" if i_ok and ii_ok else "partly" if i_ok or ii_ok else "does not hold",
+                f"mean Cov(Y, φ) per seed {fmt(cov, digits=4)} (claim i: < 0); PG-variance ratio "
+                f"IBPO / GSPO {fmt(ratio, digits=3)} (claim ii: about 0.70)")
+    if item.name == "curves":
+        if not {"IBPO-GSPO", "GSPO"} <= f.keys():
+            return "not run", "needs both GSPO and IBPO-GSPO records"
+        m = compare(s["IBPO-GSPO"]["reward_mean"], s["GSPO"]["reward_mean"])
+        v = compare(s["IBPO-GSPO"]["reward_var"], s["GSPO"]["reward_var"])
+        ok = m == "higher" and v == "lower"
+        short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
+        return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
+    pairs = {  # (challenger, baseline) pairs whose direction the paper claims
+        "table1": [("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO", "SCoRe+GRPO")],
+        "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],
+        "table2b": [("λ=0.5", "GSPO"), ("λ=0.5", "λ=0.1"), ("λ=0.5", "λ=2.0")],
+        "group_size": [(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)],
+        "optimizers": [("IBPO-GRPO", "GRPO"), ("IBPO-GSPO", "GSPO"), ("IBPO-PPO", "PPO")],
+        "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],
+        "variants": [(label, "GSPO") for label in s if label != "GSPO"],
+    }.get(item.name, [])
+    if not pairs:
+        return "see table", "descriptive item: read the table and plots"
+    res = [(a, b, c(a, b)) for a, b in pairs if a in f and b in f]
+    text = "; ".join(f"{a} vs {b}: {r}" for a, b, r in res)
+    if not res:
+        return "not run", "no records"
+    if all(r.startswith("n/a") for *_, r in res):
+        return "undetermined", text + " (one seed cannot say)"
+    wins = sum(r == "higher" for *_, r in res)
+    if item.name == "variants":
+        return ("holds" if wins else "does not hold", text)
+    return ("holds" if wins == len(res) else "partly" if wins else "does not hold", text)
+
+
+def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("eval_accuracy", *item.metrics)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for label, recs in data.items():
+            series = [{row["step"]: row[key] for row in rec["rows"] if key in row} for rec in recs]
+            steps = sorted(set.intersection(*(set(x) for x in series))) if series else []
+            if not steps:
+                continue
+            v = np.array([[x[t] for t in steps] for x in series])
+            m, sd = v.mean(0), v.std(0, ddof=1) if len(v) > 1 else np.zeros(len(steps))
+            ax.plot(steps, m, marker="o" if key == "eval_accuracy" else None, ms=3, label=label)
+            ax.fill_between(steps, m - sd, m + sd, alpha=0.2)
+        ax.set_title(key)
+        ax.set_xlabel("RL step")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(item.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
+               command: str, missing: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, js = out_dir / f"{item.name}.md", out_dir / f"{item.name}.json"
+    lines = [f"# {item.title}", "", f"The paper's claim: {item.claim}.", "",
+             f"Produced by `{command}` from the records in `{records_dir.name}/`."]
+    if missing:
+        lines += ["", f"**Not run**: {missing}. The method this item needs is not implemented "
+                  "yet, so there is no result; nothing here is estimated."]
+        md.write_text("\n".join(lines) + "\n")
+        js.write_text(json.dumps({"verdict": "not run", "why": missing}) + "\n")
+        return [md, js]
+    data = {r.label: load(records_dir, r, seeds) for r in runs}
+    s = {label: summarize(recs, item.metrics) for label, recs in data.items()}
+    base = s.get("GSPO") or next(iter(s.values()))
+    threshold = statistics.mean(base["final"]) if base["final"] else math.nan
+    head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", "vs first row",
+            "steps to " + ("GSPO's" if "GSPO" in s else "the first row's") + " final", *item.metrics, "min / run", "paper"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    first = next(iter(s.values()))["final"]
+    for r in runs:
+        v, recs = s[r.label], data[r.label]
+        cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
+                 fmt(v["gain"], 100),
+                 compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
+                 steps_to(recs, threshold) if recs and threshold == threshold else "—",
+                 *(fmt(v.get(k, []), digits=4) for k in item.metrics), fmt(v["time_min"]),
+                 item.paper.get(r.label, "—")]
+        lines.append("| " + " | ".join(cells) + " |")
+    short, why = verdict(item, s)
+    n = min((len(x) for x in data.values()), default=0)
+    lines += ["", f"**Holds here?** {short}: {why}.", "",
+              f"Seeds per run: {n} (the item asks for at least {item.min_seeds})."
+              + ("" if n >= item.min_seeds else " FEWER than asked: read with care."),
+              "", f"![{item.name}]({item.name}.png)"]
+    md.write_text("\n".join(lines) + "\n")
+    js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n}) + "\n")
+    _plot(item, data, out_dir / f"{item.name}.png")
+    return [md, js, out_dir / f"{item.name}.png"]
+
+
+def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
+    """<out>/README.md: paper claim | one column per task | holds?"""
+    lines = ["# Reproduction in miniature: which claims hold here", "",
+             "Generated by `python -m experiments.reproduce ITEM` from the committed records; "
+             "each cell links the item's results file.", "",
+             "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks) + " |",
+             "|---|---|" + "---|" * len(tasks)]
+    for name in items_lib.ORDER:
+        item = items_lib.ITEMS[name]
+        cells = []
+        for t in tasks:
+            js = out / t / f"{name}.json"
+            cells.append(f"[{json.loads(js.read_text())['verdict']}]({t}/{name}.md)"
+                         if js.exists() else "not run yet")
+        lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells) + " |")
+    path = out / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
