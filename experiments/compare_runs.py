@@ -27,7 +27,8 @@ def run_summary(workdir: Path) -> tuple[str, int, dict[str, float]]:
     if len(evals) < 2 or not steps:
         raise SystemExit(f"{workdir}: unfinished run (needs eval rows at the start and the end)")
     mean = lambda key: statistics.mean(r[key] for r in steps if key in r)  # noqa: E731
-    step_s = [sum(r[k] for k in r if k.startswith("time_")) for r in steps]
+    step_s = [sum(r[k] for k in r if k.startswith("time_") and k != "time_total_s")
+              for r in steps]
     comparing = cfg["ibpo"]["operator"] != "terminal"  # else φ = 0 and no first error
     return cfg["algo"], cfg["seed"], {
         "base": evals[0]["eval_accuracy"],
