@@ -44,9 +44,7 @@ the claim."""),
     ("code", """import glob, json, os
 from pathlib import Path
 
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+import matplotlib.pyplot as plt  # the kernel's inline backend embeds each figure
 import numpy as np
 
 from ibpo_jax import advantages
