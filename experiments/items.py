@@ -1,0 +1,147 @@
+"""What each reproduction item runs, and what the papers say it should show (DESIGN §8).
+
+A `Run` is one training configuration: an algorithm's config file plus overrides. Items share
+runs (plain GSPO seed 0 serves Table 1, Table 2a, C.2, C.3 and C.4), so a run's directory is
+named by its configuration, not by the item, and each is trained once. Items whose method does
+not exist in the code yet say so (`needs`) and are reported as not run, never faked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One configuration. `label` names it in tables; `name` its directory (unique per config)."""
+
+    label: str
+    algo: str  # configs/<algo>.py
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        parts = [self.algo] + [f"{k.split('.')[-1]}={v}" for k, v in self.overrides]
+        return "__".join(parts).replace("/", "_")
+
+
+def run(label: str, algo: str, **overrides) -> Run:
+    """run("λ=0.3", "ibpo_gspo", **{"ibpo.lam": 0.3})"""
+    return Run(label, algo, tuple(sorted((k, str(v)) for k, v in overrides.items())))
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """A table or figure of a paper, reproduced in miniature."""
+
+    name: str
+    title: str
+    runs: tuple[Run, ...]
+    paper: dict[str, str]  # label -> the paper's number or direction
+    claim: str  # the paper's claim in words
+    min_seeds: int = 2
+    needs: str = ""  # a config file or key the item needs; "" = available
+    metrics: tuple[str, ...] = ()  # extra per-step keys to tabulate (mean over logged steps)
+
+    def missing(self) -> str:
+        """Why the item cannot run in this code, or ""."""
+        if not self.needs:
+            return ""
+        if self.needs.endswith(".py"):
+            return "" if (ROOT / self.needs).exists() else f"{self.needs} does not exist yet"
+        from configs import base  # the config schema: is the key there?
+
+        section, _, key = self.needs.partition(".")
+        cfg = base.make("gspo")
+        if section in cfg and key in cfg[section]:
+            return ""
+        return f"config key {self.needs} does not exist yet"
+
+
+GSPO, IBPO = run("GSPO", "gspo"), run("IBPO-GSPO", "ibpo_gspo")
+LAMBDAS = (0.1, 0.3, 0.5, 0.7, 1.0, 2.0)
+
+ITEMS = {
+    "table1": Item(
+        "table1", "Table 1: methods at equal budget",
+        (GSPO, run("GRPO", "grpo"), run("PRM+GSPO", "prm_gspo"), run("SCoRe+GRPO", "score_grpo"),
+         IBPO),
+        {"GSPO": "32.1", "GRPO": "30.8", "PRM+GSPO": "34.6", "SCoRe+GRPO": "31.5",
+         "IBPO-GSPO": "36.7 (best)"},
+        "IBPO-GSPO beats every baseline at equal budget", min_seeds=3,
+        needs="configs/prm_gspo.py"),
+    "table2a": Item(
+        "table2a", "Table 2a: the comparison operator",
+        (GSPO, run("edit distance", "ibpo_gspo", **{"ibpo.operator": "edit_distance"}), IBPO),
+        {"GSPO": "32.1 (terminal)", "edit distance": "33.8", "IBPO-GSPO": "36.7 (LCS + alignment)"},
+        "terminal < edit distance < LCS with alignment", min_seeds=3),
+    "table2b": Item(
+        "table2b", "Table 2b / Fig. 2: the shaping weight λ",
+        (GSPO, *(run(f"λ={lam}", "ibpo_gspo", **{"ibpo.lam": lam}) for lam in LAMBDAS)),
+        dict(zip((f"λ={lam}" for lam in LAMBDAS), ("33.2", "35.4", "36.7 (best)", "35.9", "34.1",
+                                                    "29.8"))) | {"GSPO": "32.1 (λ = 0)"},
+        "an inverted U: best at λ = 0.5, below GSPO at λ = 2", min_seeds=3),
+    "curves": Item(
+        "curves", "C.2: training curves (mean reward and reward variance)", (GSPO, IBPO),
+        {"GSPO": "lower mean reward, higher variance", "IBPO-GSPO": "higher mean, lower variance"},
+        "IBPO's mean reward is higher and its reward variance lower over training",
+        metrics=("reward_mean", "reward_var")),
+    "group_size": Item(
+        "group_size", "C.3: group size G at equal trajectories per step",
+        tuple(run(f"{a} G={g}", algo, **{"rollout.group_size": g,
+                                         "rollout.prompts_per_step": 256 // g})
+              for g in (4, 8, 16) for a, algo in (("GSPO", "gspo"), ("IBPO", "ibpo_gspo"))),
+        {"GSPO G=4": "28.9", "IBPO G=4": "33.4", "GSPO G=8": "32.1", "IBPO G=8": "36.7",
+         "GSPO G=16": "34.5", "IBPO G=16": "38.2"},
+        "IBPO beats GSPO at every G; both improve with G"),
+    "optimizers": Item(
+        "optimizers", "C.4: base optimizer, alone and + IBPO",
+        (run("GRPO", "grpo"), run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
+         run("IBPO-PPO", "ibpo_ppo")),
+        {"GRPO": "30.8", "IBPO-GRPO": "35.1", "GSPO": "32.1", "IBPO-GSPO": "36.7", "PPO": "31.0",
+         "IBPO-PPO": "35.8"},
+        "IBPO adds 4-5 points to every base optimizer", min_seeds=3),
+    "appendix_a": Item(
+        "appendix_a", "Appendix A: Cov(Y, φ) and policy-gradient variance", (IBPO,),
+        {"IBPO-GSPO": "Cov(Y, φ) < 0 at every checkpoint; PG variance about -30 %"},
+        "Cov(Y, φ) < 0 and PG variance about 30 % lower than GSPO's on the same batches",
+        min_seeds=3, needs="diagnostics.grad_var_every",
+        metrics=("cov_y_phi", "pg_var_ratio", "lambda_max", "first_error_agreement")),
+    "appendix_b": Item(
+        "appendix_b", "Appendix B: correction rollouts at equal budget",
+        (IBPO, run("IBPO-GSPO + corrections", "ibpo_gspo", **{"ibpo.correction_rollouts": True})),
+        {"IBPO-GSPO": "—", "IBPO-GSPO + corrections": "part of the paper's IBPO (x1.2 cost)"},
+        "correction rollouts help at equal compute", needs="ibpo.correction_rollouts"),
+    "cancellation": Item(
+        "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
+        tuple(run(f"{agg} / {tr}", "grpo", **{"loss.aggregation": agg,
+                                              "cancellation.transform": tr,
+                                              "cancellation.log_drift": True})
+              for agg in ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+              for tr in ("none", "min_replace", "adv_orthogonal"))
+        + (run("seq_mean_token_mean / clip-higher", "grpo", **{
+            "loss.clip_eps_high": 0.28, "cancellation.log_drift": True}),),
+        {"seq_mean_token_mean / none": "residual > 0 (M1), shared-prefix drift",
+         "token_mean / none": "residual 0 on the first update; M2 under clipping",
+         "seq_mean_token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability"},
+        "exchangeable weights (token_mean, transforms) cancel shared-token gradients; "
+        "sequence-coupled aggregation and one-sided clipping do not",
+        metrics=("cancellation_residual", "shared_logprob_drift", "entropy")),
+    "variants": Item(
+        "variants", "Which IBPO variant moves the gradient's direction",
+        (GSPO, IBPO,
+         run("token credit", "ibpo_gspo", **{"ibpo.credit": "token"}),
+         run("no std division", "ibpo_gspo", **{"advantage.normalize_std": False}),
+         run("GSPO no std division", "gspo", **{"advantage.normalize_std": False}),
+         run("token credit, no std", "ibpo_gspo", **{"ibpo.credit": "token",
+                                                     "advantage.normalize_std": False}),
+         run("token granularity", "ibpo_gspo", **{"ibpo.granularity": "token"})),
+        {"IBPO-GSPO": "the paper's form"},
+        "some IBPO variant gives an edge over its base optimizer", min_seeds=3,
+        metrics=("pg_var_ratio",)),
+}
+ORDER = ("table1", "table2a", "table2b", "curves", "group_size", "optimizers", "appendix_a",
+         "appendix_b", "cancellation", "variants")
