@@ -174,8 +174,9 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     s = {label: summarize(recs, item.metrics) for label, recs in data.items()}
     base = s.get("GSPO") or next(iter(s.values()))
     threshold = statistics.mean(base["final"]) if base["final"] else math.nan
+    reference = "GSPO's" if "GSPO" in s else "the first row's"
     head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", "vs first row",
-            "steps to " + ("GSPO's" if "GSPO" in s else "the first row's") + " final", *item.metrics, "min / run", "paper"]
+            f"steps to {reference} final", *item.metrics, "min / run", "paper"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first = next(iter(s.values()))["final"]
     for r in runs:

@@ -41,7 +41,9 @@ trajectories, with the run's λ and with λ = 0 (plain GSPO advantages). A drop 
 *unnormalized advantage* variance for λ < λ_max follows from algebra alone and confirms
 nothing; after division by the group std it is 1 either way. Only the gradient variance tests
 the claim."""),
-    ("code", """import glob, json, os
+    ("code", """import glob
+import json
+import os
 from pathlib import Path
 
 import matplotlib.pyplot as plt  # the kernel's inline backend embeds each figure
