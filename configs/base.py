@@ -23,6 +23,11 @@ ALGOS = {
     "ibpo_grpo": {"loss.name": "grpo", "ibpo.operator": "lcs_first_error", **_TOKEN_CLIP},
     "ppo": {"loss.name": "ppo", "ibpo.operator": "terminal", **_TOKEN_CLIP},
     "ibpo_ppo": {"loss.name": "ppo", "ibpo.operator": "lcs_first_error", **_TOKEN_CLIP},
+    # Table 1's other baselines (DESIGN §7): GSPO on R + λ_prm · min_k PRM_k, and GRPO with
+    # SCoRe's second attempts.
+    "prm_gspo": {"loss.name": "gspo", "ibpo.operator": "terminal", "prm.weight": 0.5},
+    "score_grpo": {"loss.name": "grpo", "ibpo.operator": "terminal", "score.enabled": True,
+                   **_TOKEN_CLIP},
 }
 
 # Embedded task + tiny Qwen3 on 2 CPU cores: warm start, then RL, in about 10 minutes. The task
@@ -57,6 +62,8 @@ SMOKE = {
     "warm_start.steps": 800, "warm_start.warmup_steps": 50, "warm_start.batch_size": 32,
     "train.steps": 4, "train.eval_every": 2, "train.checkpoint_every": 2,
     "train.progress": False, "diagnostics.grad_var_every": 0,
+    "prm.num_prompts": 4, "prm.samples": 2, "prm.completions": 2, "prm.head_steps": 100,
+    "score.stage1_steps": 2,
     "eval.num_prompts": 4, "eval.samples": 4, "eval.temperature": 1.0,
 }
 

@@ -62,17 +62,25 @@ class Item:
 
 
 GSPO, IBPO = run("GSPO", "gspo"), run("IBPO-GSPO", "ibpo_gspo")
+# Table 1 and Appendix B compare at equal budget_trajectories (DESIGN §6): 25,600 sampled
+# trajectories = 100 steps of 32 prompts x 8 (correction generations count 1.2, SCoRe's second
+# attempts and the PRM's Monte-Carlo rollouts count too), from a base warm-started on the
+# second-round prompt formats as well (an instruct LLM follows them zero-shot; the tiny base
+# has to be taught), the same base for every method.
+BUDGET = {"warm_start.followups": True, "train.budget": 25600}
+IBPO_FULL = run("IBPO-GSPO", "ibpo_gspo", **BUDGET, **{"ibpo.correction_rollouts": True})
 LAMBDAS = (0.1, 0.3, 0.5, 0.7, 1.0, 2.0)
 
 ITEMS = {
     "table1": Item(
         "table1", "Table 1: methods at equal budget",
-        (GSPO, run("GRPO", "grpo"), run("PRM+GSPO", "prm_gspo"), run("SCoRe+GRPO", "score_grpo"),
-         IBPO),
+        (run("GSPO", "gspo", **BUDGET), run("GRPO", "grpo", **BUDGET),
+         run("PRM+GSPO", "prm_gspo", **BUDGET), run("SCoRe+GRPO", "score_grpo", **BUDGET),
+         IBPO_FULL),
         {"GSPO": "32.1", "GRPO": "30.8", "PRM+GSPO": "34.6", "SCoRe+GRPO": "31.5",
-         "IBPO-GSPO": "36.7 (best)"},
+         "IBPO-GSPO": "36.7 (best; with Appendix B's corrections)"},
         "IBPO-GSPO beats every baseline at equal budget", min_seeds=3,
-        needs="configs/prm_gspo.py"),
+        needs="configs/prm_gspo.py", metrics=("budget_trajectories",)),
     "table2a": Item(
         "table2a", "Table 2a: the comparison operator",
         (GSPO, run("edit distance", "ibpo_gspo", **{"ibpo.operator": "edit_distance"}), IBPO),
@@ -112,9 +120,11 @@ ITEMS = {
         metrics=("cov_y_phi", "pg_var_ratio", "lambda_max", "first_error_agreement")),
     "appendix_b": Item(
         "appendix_b", "Appendix B: correction rollouts at equal budget",
-        (IBPO, run("IBPO-GSPO + corrections", "ibpo_gspo", **{"ibpo.correction_rollouts": True})),
+        (run("IBPO-GSPO", "ibpo_gspo", **BUDGET),
+         dataclasses.replace(IBPO_FULL, label="IBPO-GSPO + corrections")),
         {"IBPO-GSPO": "—", "IBPO-GSPO + corrections": "part of the paper's IBPO (x1.2 cost)"},
-        "correction rollouts help at equal compute", needs="ibpo.correction_rollouts"),
+        "correction rollouts help at equal compute", needs="ibpo.correction_rollouts",
+        metrics=("budget_trajectories",)),
     "cancellation": Item(
         "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
         tuple(run(f"{agg} / {tr}", "grpo", **{"loss.aggregation": agg,

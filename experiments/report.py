@@ -69,7 +69,9 @@ def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
         if t:
             out["time_min"].append(t[-1] / 60)
     for k in metrics:
-        out[k] = [statistics.mean(v) for rec in recs
+        # The budget spent is the last row's (a cumulative count); the rest, means over steps.
+        pick = (lambda v: v[-1]) if k == "budget_trajectories" else statistics.mean
+        out[k] = [pick(v) for rec in recs
                   if (v := [row[k] for row in rec["rows"] if k in row and row["step"] > 0])]
     return out
 

@@ -41,7 +41,11 @@ KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_m
         "cov_y_phi", "lambda_max", "pg_var", "pg_var_gspo", "pg_var_ratio", "pg_mean_sqnorm",
         "pg_mean_sqnorm_gspo", "first_error_agreement", "cancellation_residual",
         "cancellation_residual_whole", "shared_logprob_drift", "entropy", "response_len_mean",
-        "budget_trajectories", "time_total_s", "units_truncated_frac", "update_tokens_frac")
+        "budget_trajectories", "time_total_s", "units_truncated_frac", "update_tokens_frac",
+        "corrections", "corrections_accuracy", "attempt1_accuracy", "attempt2_accuracy",
+        "flip_wrong_to_right", "flip_right_to_wrong", "prm_mean", "prm_label_accuracy",
+        "prm_label_cost", "prm_mc_label_accuracy", "prm_fit_label_accuracy",
+        "eval_accuracy_attempt1")
 TASKS = {  # --task -> (preset, extra overrides). The long-horizon task is not built yet.
     "arith": ("arith_tiny", ()),
 }
@@ -70,7 +74,10 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
         kept = {k: row[k] for k in KEPT if k in row}
         if len(kept) > 1:
             rows.append(kept)
-    last = [r for r in rows if r["step"] == cfg["train"]["steps"] and "eval_accuracy" in r]
+    budget = cfg["train"].get("budget", 0)
+    last = [r for r in rows if "eval_accuracy" in r and (
+        r["step"] == cfg["train"]["steps"]
+        or 0 < budget <= r.get("budget_trajectories", 0))]  # stopped at the budget
     if not last:
         return None
     # A few KB per run: evaluations, diagnostic steps and every 10th step.
@@ -110,7 +117,10 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
     print(f"[{task}] {len(todo)} run(s) to train, {parallel} at a time", flush=True)
     done = 0
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
-        for workdir, seconds, err in pool.map(_train, todo):
+        # Recorded as each finishes (workdirs are not committed; a stopped session keeps these).
+        futures = [pool.submit(_train, job) for job in todo]
+        for future in concurrent.futures.as_completed(futures):
+            workdir, seconds, err = future.result()
             done += 1
             record, cmd = by_workdir[workdir]
             rec = compact(workdir, cmd)
@@ -135,8 +145,10 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     """Runs and reports `names`; returns the results files written."""
     preset, extra = TASKS[task]
     if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
+        # (and the plain smoke base: a second warm start would only cost the tests time).
         preset, extra = "smoke", (("train.steps", "1"), ("train.eval_every", "1"),
-                                  ("rollout.prompts_per_step", "4"))
+                                  ("rollout.prompts_per_step", "4"),
+                                  ("warm_start.followups", "false"))
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
     written = []

@@ -18,14 +18,20 @@ import jax.numpy as jnp
 from ibpo_jax.registry import ESTIMATORS
 
 
-def _group_stats(shaped: jax.Array, *, ddof: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Returns (mean [..., 1], std [..., 1], constant [..., 1] bool) over the last axis."""
-    g = shaped.shape[-1]
-    mean = jnp.mean(shaped, axis=-1, keepdims=True)
-    constant = jnp.all(shaped == shaped[..., :1], axis=-1, keepdims=True)
-    centered = jnp.where(constant, 0.0, shaped - mean)
+def _group_stats(shaped: jax.Array, *, ddof: int, valid: jax.Array | None = None
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Returns (mean [..., 1], std [..., 1], constant [..., 1] bool) over the last axis, over
+    the `valid` members only when given (groups of varying size padded to G, e.g. the
+    corrections of DESIGN §6); a group with fewer than two valid members is constant."""
+    if valid is None:
+        valid = jnp.ones(shaped.shape, bool)
+    count = jnp.sum(valid, axis=-1, keepdims=True).astype(jnp.float32)
+    mean = jnp.sum(jnp.where(valid, shaped, 0.0), axis=-1, keepdims=True) / jnp.maximum(count, 1)
+    first = jnp.take_along_axis(shaped, jnp.argmax(valid, axis=-1)[..., None], axis=-1)
+    constant = jnp.all(~valid | (shaped == first), axis=-1, keepdims=True)
+    centered = jnp.where(constant | ~valid, 0.0, shaped - mean)
     # max(., 1): only G <= ddof reaches it, and such a group (G = 1) is constant anyway.
-    var = jnp.sum(centered**2, axis=-1, keepdims=True) / max(g - ddof, 1)
+    var = jnp.sum(centered**2, axis=-1, keepdims=True) / jnp.maximum(count - ddof, 1)
     return mean, jnp.sqrt(var), constant
 
 
@@ -57,6 +63,7 @@ def group_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
     ddof: int = 0,
+    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Group-relative advantage of the shaped reward (eq. 5, eq. 11, DESIGN §3).
 
@@ -69,6 +76,8 @@ def group_advantages(
       normalize_std: False is Dr. GRPO (centering only, no std division).
       eps: added to the std before dividing; 0 is allowed.
       ddof: std convention, population (0) or sample (1).
+      valid: [..., G] bool, the group's members (None: all); the others get 0 and do not
+        enter the group's mean and std.
 
     Returns:
       [..., G] float32 advantages; exactly 0 for a group with constant r̃.
@@ -77,8 +86,9 @@ def group_advantages(
     phi = jnp.asarray(phi, jnp.float32)
     _check_group_args(rewards, phi, eps=eps, ddof=ddof)
     shaped = rewards + lam * phi
-    mean, std, constant = _group_stats(shaped, ddof=ddof)
-    return _normalize(shaped - mean, std, constant, normalize_std=normalize_std, eps=eps)
+    mean, std, constant = _group_stats(shaped, ddof=ddof, valid=valid)
+    adv = _normalize(shaped - mean, std, constant, normalize_std=normalize_std, eps=eps)
+    return adv if valid is None else jnp.where(valid, adv, 0.0)
 
 
 @ESTIMATORS.register("grpo_token")
@@ -91,6 +101,7 @@ def token_advantages(
     normalize_std: bool = True,
     eps: float = 1e-6,
     ddof: int = 0,
+    valid: jax.Array | None = None,
 ) -> jax.Array:
     """Per-token IBPO credit (paper §3.3 "Δ_t", DESIGN §3, `ibpo.credit="token"`).
 
@@ -101,7 +112,7 @@ def token_advantages(
 
     Args:
       rewards: [..., G]; phi: [..., G]; delta: [..., G, T] per-token credit Δ_it (0 on padding).
-      lam, normalize_std, eps, ddof: as in `group_advantages`.
+      lam, normalize_std, eps, ddof, valid: as in `group_advantages`.
 
     Returns:
       [..., G, T] float32 advantages. Padding positions hold the value of Δ = 0 there; mask them.
@@ -112,11 +123,12 @@ def token_advantages(
     _check_group_args(rewards, phi, eps=eps, ddof=ddof)
     if delta.shape[:-1] != rewards.shape:
         raise ValueError(f"delta {delta.shape} must be rewards' shape {rewards.shape} + [T]")
-    mean, std, constant = _group_stats(rewards + lam * phi, ddof=ddof)
+    mean, std, constant = _group_stats(rewards + lam * phi, ddof=ddof, valid=valid)
     centered = rewards[..., None] + lam * delta - mean[..., None]
-    return _normalize(
+    adv = _normalize(
         centered, std[..., None], constant[..., None], normalize_std=normalize_std, eps=eps
     )
+    return adv if valid is None else jnp.where(valid[..., None], adv, 0.0)
 
 
 def appendix_a_stats(y: jax.Array, phi: jax.Array, *, lam: float) -> dict[str, jax.Array]:

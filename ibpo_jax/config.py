@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ibpo_jax.config_methods import PrmConfig, ScoreConfig
 from ibpo_jax.config_sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
@@ -52,9 +53,9 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_TEMPERATURE", "AdvantageConfig", "ArithTaskConfig", "CancellationConfig", "ConfigError",
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LossConfig", "MeshConfig", "ModelConfig",
-    "OptimConfig", "RewardConfig", "RolloutConfig", "RunConfig", "TaskConfig", "TinyModelConfig",
-    "TokenizerConfig", "TrainLoopConfig", "WarmStartConfig", "from_config_dict", "from_dict",
-    "load", "load_config_dict", "parse_overrides",
+    "OptimConfig", "PrmConfig", "RewardConfig", "RolloutConfig", "RunConfig", "ScoreConfig",
+    "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig", "WarmStartConfig",
+    "from_config_dict", "from_dict", "load", "load_config_dict", "parse_overrides",
 ]
 
 
@@ -96,6 +97,10 @@ class RunConfig(_Section):
     """The supervised warm start of the embedded task."""
     diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
     """Extra, costlier diagnostics."""
+    prm: PrmConfig = dataclasses.field(default_factory=PrmConfig)
+    """PRM+GSPO's process reward model (DESIGN §7)."""
+    score: ScoreConfig = dataclasses.field(default_factory=ScoreConfig)
+    """SCoRe's two attempts and stages (DESIGN §7)."""
 
     def check(self):
         """Checks that span sections."""
@@ -110,17 +115,24 @@ class RunConfig(_Section):
                 f"config.optim.minibatches x config.optim.microbatches = {chunks} must divide "
                 f"config.rollout.prompts_per_step = {self.rollout.prompts_per_step} "
                 "(whole groups)")
+        if self.score.enabled and self.ibpo.correction_rollouts:
+            raise ConfigError("config.score.enabled and config.ibpo.correction_rollouts are two "
+                              "different second rounds: set one")
         if self.loss.name == "ppo" and self.ibpo.credit == "token":
             raise ConfigError("config.ibpo.credit='token' is for group estimators, not "
                               "config.loss.name='ppo'")
 
     @property
     def update_layout(self) -> str:
-        """optim.layout, except that a cancellation transform, which needs the rows of a group
-        together in one micro-batch, turns "packed" into "rows"."""
-        if self.optim.layout == "packed" and self.cancellation.transform != "none":
+        """optim.layout, except that second rounds (corrections, SCoRe), whose rows have
+        prompts of their own, turn "grouped" into "packed", and a cancellation transform, which
+        needs the rows of a group together in one micro-batch, turns "packed" into "rows"."""
+        layout = self.optim.layout
+        if layout == "grouped" and (self.ibpo.correction_rollouts or self.score.enabled):
+            layout = "packed"  # second-round rows have prompts of their own
+        if layout == "packed" and self.cancellation.transform != "none":
             return "rows"
-        return self.optim.layout
+        return layout
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -282,6 +282,9 @@ class IbpoConfig(_Section):
     """How a wrong response is aligned to the correct ones: "lcs" or "prefix"."""
     reduce: str = "max"
     """How the scores against the group's correct responses combine: "max" or "mean"."""
+    correction_rollouts: bool = False
+    """Appendix B's correction stage (DESIGN §6): each wrong response with a correct peer gets
+    one corrected output, trained on as extra samples; each costs 1.2 trajectories."""
 
     def check(self):
         self._registered("operator", registry.OPERATORS)
@@ -473,6 +476,9 @@ class WarmStartConfig(_Section):
     """Linear warm-up of the warm start; < steps."""
     cache_dir: str = ""
     """"" = <data_dir>/warm_start."""
+    followups: bool = False
+    """Also teach the second-round prompt formats (data/followups.py: corrections, SCoRe's
+    retry), which an instruct LLM follows zero-shot: steps // 4 extra steps on them."""
 
     def check(self):
         self._positive("steps", "batch_size")

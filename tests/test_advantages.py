@@ -276,3 +276,27 @@ def test_ppo_advantages_by_hand():
     adv_w, returns_w = advantages.ppo_advantages(whiten=True, **kw)
     np.testing.assert_allclose(adv_w, [[-1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], atol=1e-5)
     np.testing.assert_allclose(returns_w, returns)  # the value targets are not whitened
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_valid_mask_equals_the_smaller_group(ddof):
+    """A group padded with invalid members (corrections, DESIGN §6) gets the advantages of the
+    group of its valid members alone, and 0 on the padding, whatever the padding holds."""
+    valid = jnp.array([True, False, True, True, False, True])
+    rewards = jnp.array([1.0, 7.0, -1.0, -1.0, -3.0, 1.0])
+    phi = jnp.array([0.0, 9.0, 0.5, 0.2, 1.0, 0.0])
+    got = group_adv(rewards, phi, lam=0.5, ddof=ddof, eps=1e-6, valid=valid)
+    std = math.sqrt(SUM_SQ / (4 - ddof))
+    np.testing.assert_allclose(got[np.array(valid)], DEV / (std + 1e-6), rtol=1e-6)
+    np.testing.assert_array_equal(got[~np.array(valid)], 0.0)
+    delta = jnp.broadcast_to(phi[:, None], (6, 3))
+    tok = token_adv(rewards, phi, delta, lam=0.5, ddof=ddof, eps=1e-6, valid=valid)
+    np.testing.assert_allclose(tok, jnp.broadcast_to(got[:, None], (6, 3)), rtol=1e-6)
+
+
+def test_valid_mask_degenerate_groups_are_zero_not_nan():
+    """No valid member, one valid member, all valid members equal: exactly 0, no NaN."""
+    rewards = jnp.array([[1.0, -1.0, 1.0], [1.0, -1.0, 1.0], [1.0, -1.0, 1.0]])
+    valid = jnp.array([[False, False, False], [False, True, False], [True, False, True]])
+    got = group_adv(rewards, jnp.zeros_like(rewards), lam=0.5, eps=0.0, valid=valid)
+    np.testing.assert_array_equal(got, np.zeros((3, 3)))

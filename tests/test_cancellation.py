@@ -350,8 +350,9 @@ def test_bad_inputs_name_the_culprit():
 def test_one_sided_clipping_shows_in_the_residual_only_off_ratio_one(eps, positive):
     # DESIGN §5 (M2): two responses on the same nodes, A = [+1, -1]. At ratio e^0.5 > 1 + ε
     # GRPO's clip zeroes only the A > 0 copy's weight, so the shared nodes' weights differ;
-    # with a range so wide that nothing is clipped the weights stay exchangeable. At ratio 1 nothing is
-    # ever clipped, which is why the trainer also logs the residual at the current ratios.
+    # with a range so wide that nothing is clipped the weights stay exchangeable. At ratio 1
+    # nothing is ever clipped, which is why the trainer also logs the residual at the current
+    # ratios.
     from ibpo_jax.config import LossConfig
 
     spec = LossConfig(name="grpo", aggregation="token_mean", clip_eps_low=eps[0],

@@ -14,14 +14,29 @@ CONFIGS = sorted(str(p) for p in Path(__file__).parents[1].glob("configs/*.py")
 
 
 def test_every_config_has_all_presets_and_matches_its_algorithm():
-    assert len(CONFIGS) == 6
+    assert len(CONFIGS) == 8
     for path in CONFIGS:
         algo = Path(path).stem
         for preset in ("arith_tiny", "smoke", "qwen3_32b_math", "qwen3_0.6b_math"):
             c = config.load(f"{path}:{preset}")
             assert c.algo == algo and c.preset == preset
             assert (c.ibpo.operator == "terminal") == (not algo.startswith("ibpo_"))
-            assert c.loss.name == algo.removeprefix("ibpo_")
+            assert c.loss.name == algo.removeprefix("ibpo_").split("_")[-1]
+            assert (c.prm.weight > 0) == (algo == "prm_gspo")
+            assert c.score.enabled == (algo == "score_grpo")
+            # Second-round rows have prompts of their own: never the grouped layout.
+            assert (c.update_layout == "packed") == (algo == "score_grpo")
+
+
+def test_second_rounds_exclude_each_other_and_leave_grouped_layout():
+    with pytest.raises(config.ConfigError, match="config.score.enabled and "
+                                                 "config.ibpo.correction_rollouts"):
+        config.load("configs/score_grpo.py:smoke", [("ibpo.correction_rollouts", "true")])
+    c = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.correction_rollouts", "true")])
+    assert c.optim.layout == "grouped" and c.update_layout == "packed"
+    c = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.correction_rollouts", "true"),
+                                                   ("cancellation.transform", "min_replace")])
+    assert c.update_layout == "rows"
 
 
 def test_default_preset_is_arith_tiny_and_paper_preset_has_paper_hyperparameters():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable, Mapping, Sequence
 
 from ibpo_jax.data import arith, formats
@@ -45,6 +46,9 @@ class Task:
       files on every call: keep the returned source.
     prompt_fn: record -> prompt text.
     reference_fn: record -> reference solution text, or None.
+    question_fn: record -> the problem statement alone (what second-round prompts quote,
+      `data.followups`).
+    wrap_fn: a user message -> the model's prompt text (the chat template, or the identity).
     """
 
     name: str
@@ -52,6 +56,8 @@ class Task:
     splits: Mapping[str, Callable[[], Sequence[dict]]]
     prompt_fn: Callable[[dict], str]
     reference_fn: Callable[[dict], str | None]
+    question_fn: Callable[[dict], str] = operator.itemgetter("question")
+    wrap_fn: Callable[[str], str] = str
 
     def split(self, name: str) -> Sequence[dict]:
         if name not in self.splits:
@@ -64,6 +70,12 @@ class Task:
 
     def reference_text(self, record: dict) -> str | None:
         return self.reference_fn(record)
+
+    def question(self, record: dict) -> str:
+        return self.question_fn(record)
+
+    def wrap(self, text: str) -> str:
+        return self.wrap_fn(text)
 
 
 def get_task(name: str, **kwargs) -> Task:
@@ -105,8 +117,18 @@ def _code_prompt(record: dict, *, tokenizer, enable_thinking: bool, system: str 
     return _chat(text, tokenizer, enable_thinking, system)
 
 
+def _math_question(record: dict) -> str:
+    return record["problem"]
+
+
+def _code_question(record: dict) -> str:
+    if record["starter_code"]:
+        return f"{record['question']}\n\n```python\n{record['starter_code']}\n```"
+    return record["question"]
+
+
 def _file_task(name: str, *, reward: str, default_split: str, prompt: Callable[..., str],
-               reference: Callable[[dict], str | None]):
+               reference: Callable[[dict], str | None], question: Callable[[dict], str]):
     """Registers a task over local files in the format `name` (formats.CONVERTERS)."""
 
     def make(*, path: str | None = None, files: Mapping[str, str] | None = None,
@@ -121,8 +143,10 @@ def _file_task(name: str, *, reward: str, default_split: str, prompt: Callable[.
                   for s, p in files.items()}
         prompt_fn = functools.partial(prompt, tokenizer=tokenizer,
                                       enable_thinking=enable_thinking, system=system)
+        wrap_fn = functools.partial(_chat, tokenizer=tokenizer, enable_thinking=enable_thinking,
+                                    system=system)
         return Task(name=name, reward=reward, splits=splits, prompt_fn=prompt_fn,
-                    reference_fn=reference)
+                    reference_fn=reference, question_fn=question, wrap_fn=wrap_fn)
 
     make.__name__ = make.__qualname__ = f"{name}_task"
     make.__doc__ = f"Task {name!r} over local files (default split {default_split!r})."
@@ -142,10 +166,10 @@ def _no_reference(record: dict) -> None:
 
 
 _file_task("math_jsonl", reward="math", default_split="train", prompt=_math_prompt,
-           reference=_solution)
+           reference=_solution, question=_math_question)
 for _name in ("math500", "aime24", "aime25", "olympiadbench"):
     _file_task(_name, reward="math", default_split="test", prompt=_math_prompt,
-               reference=_solution)
+               reference=_solution, question=_math_question)
 for _name in ("livecodebench", "codeforces"):
     _file_task(_name, reward="code", default_split="test", prompt=_code_prompt,
-               reference=_no_reference)
+               reference=_no_reference, question=_code_question)

@@ -5,7 +5,7 @@
     ibpo_jax.models.save_hf(m, out_dir)              # loads back in transformers
 
 Inside jitted training code use the functional forms `forward` / `token_logprobs` /
-`response_logprobs` with params as arguments.
+`response_logprobs` / `final_hidden` with params as arguments.
 """
 
 from ibpo_jax.models.config import QWEN3_PRESETS, ConfigError, ModelOptions, Qwen3Config
@@ -14,6 +14,7 @@ from ibpo_jax.models.lm import (
     Qwen3LM,
     TokenLogprobs,
     abstract_params,
+    final_hidden,
     forward,
     init,
     make_options,
@@ -25,6 +26,7 @@ from ibpo_jax.models.safetensors_io import CheckpointError
 
 __all__ = [
     "QWEN3_PRESETS", "CheckpointError", "ConfigError", "ModelOptions", "Qwen3Config",
-    "Qwen3LM", "TokenLogprobs", "abstract_params", "forward", "init", "load_hf",
-    "make_options", "place_params", "response_logprobs", "save_hf", "token_logprobs",
+    "Qwen3LM", "TokenLogprobs", "abstract_params", "final_hidden", "forward", "init",
+    "load_hf", "make_options", "place_params", "response_logprobs", "save_hf",
+    "token_logprobs",
 ]

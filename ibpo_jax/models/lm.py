@@ -58,6 +58,19 @@ def forward(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Arr
     return logits, _values(model, variables, hidden, True)
 
 
+def final_hidden(config: Qwen3Config, options: ModelOptions, params: Any, tokens: Array,
+                 attention_mask: Array | None = None, *,
+                 layout: sharding.ShardingSpec = sharding.TRAINING) -> Array:
+    """The final-normed hidden states [B, T, D] float32 that `forward`'s logits are computed
+    from (tokens, attention_mask as in `forward`); the features of heads on the backbone, such
+    as the PRM's (`ibpo_jax.prm`). Values at padding positions are finite but meaningless."""
+    mask = _check_tokens(tokens, attention_mask)
+    model = Qwen3(config, options, layout)
+    hidden, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask,
+                            method=Qwen3.encode)
+    return hidden.astype(jnp.float32)
+
+
 class TokenLogprobs(NamedTuple):
     """Per-token statistics aligned with `tokens`: entry [b, t] is about predicting
     tokens[b, t] from tokens[b, :t]. Entries are 0 where nothing real predicts a real token:

@@ -100,7 +100,9 @@ def become(uid, gid, *, clear_groups):
 
 
 def count_user_tasks(uid):
-    """Tasks (threads) the user runs now: what RLIMIT_NPROC counts outside a user namespace."""
+    """Tasks (threads) the user runs now: what RLIMIT_NPROC counts outside a user namespace.
+    Zombies are left out: a killed sandbox's tasks may still await reaping when the next one
+    starts, and counting them would loosen the limit once they are reaped."""
     total = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -110,7 +112,8 @@ def count_user_tasks(uid):
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
+        dying = fields.get("State", "").split()[:1] in (["Z"], ["X"])
+        if int(fields.get("Uid", "-1").split()[0]) == uid and not dying:
             total += int(fields.get("Threads", "1"))
     return total
 

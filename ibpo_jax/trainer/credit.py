@@ -32,6 +32,13 @@ class Rollout(NamedTuple):
     reward: jax.Array  # [N] float32, R_i (DESIGN §1)
     correct: jax.Array  # [N] bool
     ended: jax.Array  # [N] bool, the response ends with EOS (else truncated)
+    # Rows that belong to their group (None: all). Corrections (DESIGN §6) fill a [B, G] slot
+    # layout, slot g of group b being the correction of response g; the empty slots are
+    # invalid: no advantage, no group statistics, no tokens.
+    valid: jax.Array | None = None  # [N] bool
+    # Per-row weight of an extra KL(π ‖ π_ref) term on the row's tokens (None: none), e.g.
+    # SCoRe's stage-I anchor on the first attempts (DESIGN §7).
+    kl_anchor: jax.Array | None = None  # [N] float32
 
 
 class Credit(NamedTuple):
@@ -58,7 +65,8 @@ def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
         return jnp.zeros_like(rollout.reward)
     g, rewards = spec.group_size, groups(rollout.reward, spec.group_size)
     kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
-              eps=spec.advantage.eps, ddof=spec.advantage.ddof)
+              eps=spec.advantage.eps, ddof=spec.advantage.ddof,
+              valid=None if rollout.valid is None else groups(rollout.valid, g))
     if delta is not None:
         adv = ESTIMATORS.get(spec.estimator)(rewards, phi, groups(delta, g), **kw)
         return adv.reshape(rollout.response.shape)

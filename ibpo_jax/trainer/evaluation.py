@@ -6,7 +6,7 @@ sampler compiles once; the key is fixed, so evaluations at different steps see t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -19,13 +19,18 @@ EVAL_KEY = 0x5EED  # evaluation draws do not depend on the training step or seed
 
 
 def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, tokenizer: Any,
-             pool: Any, samples: int, chunk: int, max_prompt_len: int) -> dict[str, float]:
+             pool: Any, samples: int, chunk: int, max_prompt_len: int,
+             second: Callable[[list[dict], list[str], Any], np.ndarray] | None = None
+             ) -> dict[str, float]:
     """Scores `samples` responses per record; returns eval_accuracy (avg@k) and eval_pass_at_k.
 
     generate: a `sampling.generate_fn(..., num_samples=samples)` function; chunk: prompts per
-    call.
+    call. second: for methods whose answer is a second attempt (SCoRe), (records, first-attempt
+    texts, key) -> whether each second attempt is correct; the second attempts are then the
+    scored answers and the first attempts' accuracy is eval_accuracy_attempt1.
     """
     correct = np.zeros((len(records), samples), bool)
+    first = np.zeros((len(records), samples), bool)
     lengths = []
     key = jax.random.key(EVAL_KEY)
     for start in range(0, len(records), chunk):
@@ -39,11 +44,16 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
         texts = decode_responses(tokenizer, tokens[:keep], lens[:keep])
         rows = [r for r in part[:n_real] for _ in range(samples)]
         _, infos = pool.score(rows, texts)
-        correct[start: start + n_real] = np.array(
+        first[start: start + n_real] = np.array(
             [bool(i["correct"]) for i in infos]).reshape(n_real, samples)
+        correct[start: start + n_real] = first[start: start + n_real] if second is None else (
+            second(rows, texts, jax.random.fold_in(key, start + (1 << 20))).reshape(-1, samples))
         lengths.append(lens[:keep])
-    return {
+    out = {
         "eval_accuracy": float(correct.mean()),
         f"eval_pass_at_{samples}": float(correct.any(axis=1).mean()),
         "eval_response_len": float(np.concatenate(lengths).mean()),
     }
+    if second is not None:
+        out["eval_accuracy_attempt1"] = float(first.mean())
+    return out

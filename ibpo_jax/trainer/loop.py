@@ -29,7 +29,7 @@ from ibpo_jax.config import RunConfig
 from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.trainer import evaluation, packing, pg_variance, policy, step
+from ibpo_jax.trainer import evaluation, packing, pg_variance, policy, prm_reward, rounds, step
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
@@ -163,6 +163,9 @@ class Trainer:
         self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
                                  donate_argnums=0, out_shardings=(self.state_shardings, None))
         self.seed_key = jax.random.key(cfg.seed)
+        self.second = rounds.second_round(cfg)  # corrections or SCoRe's second attempts
+        self.prm = prm_reward.maybe(self)  # PRM+GSPO's process reward, fitted in `run`
+        self.budget = 0.0  # budget_trajectories so far (DESIGN §6), checkpointed
         self.pool = reward_pool(cfg, self.task.reward)
         self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
                           else reward_pool(cfg, self.eval_task.reward))
@@ -191,11 +194,15 @@ class Trainer:
             return None
         last, self.state, meta = found
         self.sampler.restore(meta["data_position"])
+        # Checkpoints from before the weighted budget counted B x G per step.
+        per_step = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
+        self.budget = float(meta.get("budget_trajectories", last * per_step))
         self.say(f"resumed from {ckpt.directory}/{last} (data position {self.sampler.position})")
         return last
 
     def save(self, ckpt: Checkpointer, s: int) -> None:
         ckpt.save(s, self.state, {"step": s, "data_position": self.sampler.position,
+                                  "budget_trajectories": self.budget,
                                   "config": self.cfg.to_dict()})
 
     def evaluate(self) -> dict[str, float]:
@@ -205,11 +212,13 @@ class Trainer:
             return evaluation.evaluate(
                 self.eval_generate, self.state.params, records=self.eval_records,
                 task=self.eval_task, tokenizer=self.tokenizer, pool=self.eval_pool,
-                samples=cfg.eval.samples, chunk=chunk, max_prompt_len=cfg.rollout.max_prompt_len)
+                samples=cfg.eval.samples, chunk=chunk, max_prompt_len=cfg.rollout.max_prompt_len,
+                second=functools.partial(rounds.second_attempts, self) if cfg.score.enabled
+                else None)  # SCoRe answers with its second attempt
 
     def rl_step(self, s: int) -> dict[str, float]:
         """RL step `s` (1-based): updates the state, returns the step's metrics."""
-        cfg, g = self.cfg, self.cfg.rollout.group_size
+        g = self.cfg.rollout.group_size
         with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
 
@@ -236,13 +245,29 @@ class Trainer:
             prompt_len=place(prompt_len),
             response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
             reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended))
+        extra = {}
+        if self.prm is not None:  # r̃ = R + λ_prm · min_k PRM_k (DESIGN §7)
+            rollout, extra = self.prm.shape(rollout, rows, infos)
         with jax.set_mesh(self.mesh):
             cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
             jax.block_until_ready(cred)
+        first_cred, correct_all = cred, rollout.correct
         diag = {}
         if self.diagnose(s):  # at the policy that sampled the batch, before the update
             diag = self.pg_variance(rollout, cred, prompt_len, prompts.tokens.shape[1])
             self.write_record(s, cred, rollout, rows, infos)
+        cost = float(n)
+        if self.second is not None:  # appended rows: the update trains on both rounds
+            t_round = time.perf_counter()
+            ext = self.second.extend(self, s, jax.random.fold_in(gen_key, 1),
+                                     rounds.first_round(self, records, rollout), cred)
+            rollout, cred, cost = ext.rollout, ext.cred, cost + ext.cost
+            extra.update(ext.metrics)
+            plan = self.packing_plan(*(sharding.host_array(x) for x in (
+                rollout.prompt_len, rollout.response_len)), *rollout.prompt.shape[1:],
+                *rollout.response.shape[1:])
+            extra["time_second_round_s"] = time.perf_counter() - t_round
+        self.budget += cost
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
@@ -253,16 +278,19 @@ class Trainer:
         metrics = {k: float(v) for k, v in
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
         metrics.update(diag)
-        metrics.update(_first_error_agreement(cred, sharding.host_array(rollout.correct), rows,
+        metrics.update(_first_error_agreement(first_cred, sharding.host_array(correct_all), rows,
                                               infos, g))
+        metrics.update(extra)
         metrics.update(
-            budget_trajectories=s * cfg.rollout.prompts_per_step * g,  # DESIGN §6 budget unit
+            budget_trajectories=self.budget,  # DESIGN §6: every sampled trajectory, weighted
             prompts_truncated=prompts.truncated,
-            update_tokens_frac=self.update_tokens_frac(plan, prompts.tokens.shape,
-                                                       out.tokens.shape),
+            update_tokens_frac=self.update_tokens_frac(
+                plan, (rollout.prompt.shape[0] // g, rollout.prompt.shape[1]),
+                rollout.response.shape),
             tokens_per_s=int(lengths.sum()) / (t4 - t0),
             time_rollout_s=t1 - t0, time_reward_s=t2 - t1,
-            time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0), time_update_s=t4 - t3,
+            time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0)
+            - extra.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
         )
         return metrics
 
@@ -383,9 +411,16 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
         # Wall time over the run's segments: a resumed run continues its logged total.
         done = [r for r in read_metrics(workdir / "metrics.jsonl") if r["step"] <= (last or 0)]
         t_start = time.perf_counter() - (done[-1].get("time_total_s", 0.0) if done else 0.0)
+        fitted = {}
+        if trainer.prm is not None:  # fitted before RL (or reloaded), its rollouts budgeted
+            if last is None:
+                log.info("fitting the process reward model (PRM+GSPO)")
+            cost, fitted = trainer.prm.fit_or_load()
+            trainer.budget += cost if last is None else 0.0
         if last is None:
             log.info("evaluating the base policy")
-            log.write(0, {**trainer.evaluate(), "budget_trajectories": 0, "time_total_s": 0.0})
+            log.write(0, {**trainer.evaluate(), **fitted, "budget_trajectories": trainer.budget,
+                          "time_total_s": time.perf_counter() - t_start})
         stall = workdir_lib.StallGuard(cfg.optim.epochs * cfg.optim.minibatches)
         for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
             metrics = trainer.rl_step(s)

@@ -54,7 +54,7 @@ def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
             task=cfg.task.name, arith=cfg.to_dict()["task"]["arith"],
             arch=architecture(cfg, vocab_size).to_hf_dict(),
             warm_start={k: v for k, v in cfg.to_dict()["warm_start"].items()
-                        if k not in ("enabled", "cache_dir")},
+                        if k not in ("enabled", "cache_dir") and (k != "followups" or v)},
             max_prompt_len=cfg.rollout.max_prompt_len, max_new_tokens=cfg.rollout.max_new_tokens,
             dtype=cfg.model.param_dtype,
         ),
@@ -90,7 +90,9 @@ def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> 
             log(f"base policy: cached warm start {path}")
         else:
             log(f"no base policy for this config: running a supervised warm start on "
-                f"{cfg.task.name}'s reference solutions ({cfg.warm_start.steps} steps) -> {path}")
+                f"{cfg.task.name}'s reference solutions ({cfg.warm_start.steps} steps"
+                f"{' + 1/4 on second-round prompts' if cfg.warm_start.followups else ''}) "
+                f"-> {path}")
             warm_start.run(cfg, task=task, tokenizer=tokenizer, out_dir=path, log=log)
         return models.load_hf(path, dtype=dtype, mesh=mesh, **options)
     log("base policy: random initialization (no checkpoint, no warm start)")

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from ibpo_jax import advantages, cancellation, config, losses, models
-from ibpo_jax.registry import LOSSES
+from ibpo_jax.registry import KL_ESTIMATORS, LOSSES
 from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.credit import Credit, Rollout, credit, response_mask  # noqa: F401  (credit, Credit, Rollout: the step's API)
 from ibpo_jax.trainer.credit import groups as _groups
@@ -117,6 +117,7 @@ class _Batch(NamedTuple):
     adv: jax.Array  # [N] or [N, R]
     old_values: jax.Array  # [N, R] (PPO) or [N, 0]
     returns: jax.Array  # [N, R] (PPO) or [N, 0]
+    kl_anchor: jax.Array | None = None  # [N] per-row extra KL weight (Rollout.kl_anchor)
 
 
 def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
@@ -219,12 +220,24 @@ def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
     ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
     out = LOSSES.get(spec.loss.name, key="config.loss.name")(
         spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
-    if spec.cancellation.transform == "none":
-        return out.num, out
-    num, _ = cancellation.reweighted_loss(  # the chunk holds whole groups (identity plan)
-        spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
-        mask=b.mask, ref_logp=ref_logp)
+    num = out.num
+    if spec.cancellation.transform != "none":
+        num, _ = cancellation.reweighted_loss(  # the chunk holds whole groups (identity plan)
+            spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
+            mask=b.mask, ref_logp=ref_logp)
+    if b.kl_anchor is not None:
+        num = num + _anchor_num(spec, b, logp)
     return num, out
+
+
+def _anchor_num(spec: StepSpec, b: _Batch, logp: jax.Array) -> jax.Array:
+    """Σ_i w_i · (the loss aggregation of row i's per-token KL to π_ref), w = b.kl_anchor:
+    the aggregation's coefficients are per row, so this numerator shares the loss's den."""
+    # Padding zeroed before the estimator: its values there must not reach the gradient.
+    kl = KL_ESTIMATORS.get(spec.loss.kl_estimator)(jnp.where(b.mask, logp, 0.0),
+                                                   jnp.where(b.mask, b.ref_logp, 0.0))
+    coeff, _ = losses.coefficients(spec.loss, b.mask)
+    return jnp.sum(coeff * b.kl_anchor[:, None] * jnp.where(b.mask, kl, 0.0))
 
 
 def group_policy_terms(spec: StepSpec, params: Any, b: _Batch, group: jax.Array):
@@ -296,10 +309,12 @@ def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: R
         tokens, segments, first = packing.pack(plan, rollout.prompt, rollout.prompt_len,
                                                rollout.response, rollout.response_len)
     empty = jnp.zeros((mask.shape[0], 0))
+    if rollout.valid is not None:  # an invalid row has no tokens of its own
+        mask = mask & rollout.valid[:, None]
     batch = _Batch(tokens, segments, plan.bin, first, rollout.prompt, rollout.prompt_len, mask,
                    rollout.response, rollout.sample_logp, empty, jnp.zeros(mask.shape),
-                   cred.adv, empty, empty)
-    if spec.loss.beta > 0:
+                   cred.adv, empty, empty, rollout.kl_anchor)
+    if spec.loss.beta > 0 or rollout.kl_anchor is not None:
         batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch, plan)[0])
     entropy = None
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front

@@ -23,8 +23,9 @@ import tqdm
 
 from ibpo_jax import models
 from ibpo_jax.config import RunConfig
+from ibpo_jax.data import followups
 from ibpo_jax.data.sampler import IndexSampler
-from ibpo_jax.trainer import policy
+from ibpo_jax.trainer import policy, rounds
 from ibpo_jax.trainer.batching import encode_supervised
 
 WARM_START_SEED = 0  # the base policy is shared by every RL seed that starts from it
@@ -46,12 +47,47 @@ def supervised_batches(cfg: RunConfig, task: Any, tokenizer: Any) -> tuple[np.nd
                              max_target_len=cfg.rollout.max_new_tokens)
 
 
+def corrupt(text: str, rng: np.random.Generator) -> str:
+    """`text` with one digit changed (a wrong step, for the second-round examples)."""
+    digits = [i for i, ch in enumerate(text) if ch.isdigit()]
+    if not digits:
+        return text + "0"
+    i = int(rng.choice(digits))
+    return text[:i] + str((int(text[i]) + int(rng.integers(1, 10))) % 10) + text[i + 1:]
+
+
+def followup_batches(cfg: RunConfig, task: Any, tokenizer: Any) -> tuple[np.ndarray, ...]:
+    """Second-round examples (warm_start.followups): for each training problem, a correction
+    prompt (a corrupted reference as the wrong response, the reference as the right one) or a
+    retry prompt (after the reference or a corrupted one), alternately; the target is the
+    reference. Prompts are encoded at the correction round's width."""
+    rng = np.random.default_rng(WARM_START_SEED)
+    records = task.split(cfg.task.train_split)
+    prompts, targets = [], []
+    for i in range(len(records)):
+        ref = task.reference_text(records[i])
+        if i % 2 == 0:
+            prompts.append(followups.correction_prompt(task, records[i], wrong=corrupt(ref, rng),
+                                                       right=ref))
+        else:
+            attempt = corrupt(ref, rng) if rng.random() < 0.5 else ref
+            prompts.append(followups.retry_prompt(task, records[i], attempt=attempt))
+        targets.append(ref)
+    r = cfg.rollout
+    return encode_supervised(tokenizer, prompts, targets,
+                             max_prompt_len=r.max_prompt_len + 2 * r.max_new_tokens
+                             + rounds.TEMPLATE_ROOM, max_target_len=r.max_new_tokens)
+
+
 def run(cfg: RunConfig, *, task: Any, tokenizer: Any, out_dir: Path, log) -> None:
     ws = cfg.warm_start
-    tokens, attention, loss_mask = supervised_batches(cfg, task, tokenizer)
+    data = [supervised_batches(cfg, task, tokenizer)]
+    if ws.followups:  # every 5th step a batch of second-round examples: steps // 4 extra
+        data.append(followup_batches(cfg, task, tokenizer))
+    total = ws.steps + (ws.steps // 4 if ws.followups else 0)
     arch = policy.architecture(cfg, tokenizer.vocab_size)
     m = models.init(arch, jax.random.key(WARM_START_SEED), dtype=jnp.dtype(cfg.model.param_dtype))
-    schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, ws.warmup_steps, ws.steps,
+    schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, ws.warmup_steps, total,
                                                   end_value=ws.lr * 0.05)
     optimizer = optax.chain(optax.clip_by_global_norm(1.0),
                             optax.adamw(schedule, weight_decay=0.01))
@@ -67,18 +103,19 @@ def run(cfg: RunConfig, *, task: Any, tokenizer: Any, out_dir: Path, log) -> Non
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    sampler = IndexSampler(len(tokens), seed=WARM_START_SEED)
+    samplers = [IndexSampler(len(d[0]), seed=WARM_START_SEED + k) for k, d in enumerate(data)]
     params = m.params
     start = time.time()
-    bar = tqdm.trange(ws.steps, desc="warm start", dynamic_ncols=True, file=sys.stderr,
+    bar = tqdm.trange(total, desc="warm start", dynamic_ncols=True, file=sys.stderr,
                       disable=not cfg.train.progress)
     for step in bar:
-        idx = np.sort(sampler.next_indices(ws.batch_size))
-        params, opt_state, loss = train_step(params, opt_state, tokens[idx], attention[idx],
-                                             loss_mask[idx])
-        if step % 25 == 0 or step == ws.steps - 1:
+        k = int(ws.followups and step % 5 == 4)
+        idx = np.sort(samplers[k].next_indices(ws.batch_size))
+        tokens, attention, loss_mask = (x[idx] for x in data[k])
+        params, opt_state, loss = train_step(params, opt_state, tokens, attention, loss_mask)
+        if step % 25 == 0 or step == total - 1:
             bar.set_postfix(loss=f"{float(loss):.4f}")
-    log(f"warm start: {ws.steps} steps in {time.time() - start:.0f}s, final loss {float(loss):.4f}")
+    log(f"warm start: {total} steps in {time.time() - start:.0f}s, final loss {float(loss):.4f}")
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     models.save_hf(models.Qwen3LM(m.config, m.options, params), tmp)

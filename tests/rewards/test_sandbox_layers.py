@@ -132,6 +132,7 @@ except OSError as e:
 """
 
 
+@pytest.mark.sole_sandbox
 def test_unprivileged_uid_bounds_a_fork_bomb():
     """RLIMIT_NPROC binds because the sandbox never runs as root (65534 for a root trainer)."""
     if not host_has("unprivileged_uid"):

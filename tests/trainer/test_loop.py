@@ -48,7 +48,10 @@ def test_every_config_runs_a_few_steps(algo, data_dir, tmp_path):
     for row in rows[1:]:
         assert REQUIRED <= set(row), REQUIRED - set(row)
         assert all(not isinstance(v, str) for v in row.values()), row  # no NaN / inf
-        assert row["budget_trajectories"] == row["step"] * 16
+        # 16 sampled per step (SCoRe: 32, both attempts), after the PRM's labelling rollouts.
+        per_step = 32 if algo == "score_grpo" else 16
+        assert row["budget_trajectories"] == rows[0]["budget_trajectories"] + row["step"] * per_step
+    assert (rows[0]["budget_trajectories"] > 0) == (algo == "prm_gspo")
     # The smoke base solves about a third of the problems: groups are mixed, so the credit
     # path runs on real data (a φ of 0 everywhere would make IBPO's checks vacuous).
     assert any(0 < r["accuracy"] < 1 for r in rows[1:])

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import config, models
+from ibpo_jax import advantages, config, models
 from ibpo_jax.trainer import packing, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
 
@@ -300,3 +300,45 @@ def test_shared_prefix_drift_across_the_step():
     cfg, spec = _spec("ibpo_grpo", **{"optim.lr": 0.0, "cancellation.log_drift": True})
     _, m = _update(cfg, spec, rollout._replace(sample_logp=rollout.sample_logp - 1.0), params)
     assert abs(float(m["shared_logprob_drift"])) < 1e-5
+
+
+def test_invalid_rows_carry_no_advantage_and_no_tokens():
+    """Rollout.valid (second-round slot layouts): an invalid row is outside its group's
+    statistics, gets advantage 0, and the update equals one where it has no response."""
+    cfg, spec = _spec("ibpo_gspo", **{"optim.layout": "rows"})
+    full = _rollout(GROUP0 + GROUP1, REWARDS0 + REWARDS1)
+    valid = jnp.array([True, True, False, True, True, True, True, True])
+    masked = full._replace(valid=valid)
+    cred, _ = _credit(spec, masked)
+    assert float(cred.adv[2]) == 0.0
+    kept = np.array([0, 1, 3])  # group 0 without row 2 (wrong; φ of the others unchanged)
+    phi = np.asarray(cred.phi).reshape(-1)[kept]
+    want = advantages.group_advantages(jnp.asarray(REWARDS0)[kept], jnp.asarray(phi),
+                                       lam=spec.ibpo.lam)
+    np.testing.assert_allclose(np.asarray(cred.adv)[kept], want, rtol=1e-6)
+    empty = masked._replace(response_len=masked.response_len.at[2].set(0))
+    (s1, _), (s2, _) = _update(cfg, spec, masked), _update(cfg, spec, empty)
+    for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_kl_anchor_on_every_row_is_the_loss_kl_term():
+    """A per-row KL anchor of weight β on every row (SCoRe's stage I uses it on the first
+    attempts) gives the same update as the loss's own β · KL."""
+    rollout = _rollout(GROUP0 + GROUP1, REWARDS0 + REWARDS1)
+    params = models.init(ARCH, jax.random.key(0)).params
+    ref = models.init(ARCH, jax.random.key(7)).params  # far from the policy: a real KL
+    out = []
+    for beta, anchor in ((0.3, None), (0.0, jnp.full(8, 0.3)), (0.0, None)):
+        cfg, spec = _spec("ibpo_gspo", **{"loss.beta": beta, "optim.layout": "rows"})
+        optimizer = make_optimizer(cfg.optim, total_updates=10)
+        cred, _ = _credit(spec, rollout)
+        fn = jax.jit(functools.partial(step.update, spec, optimizer))
+        plan = packing.place(_plan(spec, rollout), jnp.asarray)
+        out.append(fn(init_state(params, optimizer), ref, rollout._replace(kl_anchor=anchor),
+                      cred, jax.random.key(1), plan)[0])
+    without_kl = [float(jnp.max(jnp.abs(a - b))) for a, b in
+                  zip(jax.tree.leaves(out[0].params), jax.tree.leaves(out[2].params))]
+    assert max(without_kl) > 1e-6  # the KL term does move the update
+    for a, b in zip(jax.tree.leaves(out[0].params), jax.tree.leaves(out[1].params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
