@@ -139,9 +139,20 @@ def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = ("eval_accuracy", *item.metrics)
+    by_budget = "budget_trajectories" in item.metrics  # methods stop at different steps
+    keys = ("eval_accuracy", *(k for k in item.metrics if k != "budget_trajectories"))
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
     for ax, key in zip(axes[0], keys):
+        if by_budget:  # each seed's evaluations against the budget it had spent
+            for i, (label, recs) in enumerate(data.items()):
+                for k, rec in enumerate(recs):
+                    rows = [row for row in rec["rows"] if key in row]
+                    ax.plot([row.get("budget_trajectories", 0) for row in rows],
+                            [row[key] for row in rows], color=f"C{i}", marker="o", ms=3,
+                            alpha=0.7, label=label if k == 0 else None)
+            ax.set_title(key)
+            ax.set_xlabel("budget_trajectories")
+            continue
         for label, recs in data.items():
             series = [{row["step"]: row[key] for row in rec["rows"] if key in row} for rec in recs]
             steps = sorted(set.intersection(*(set(x) for x in series))) if series else []

@@ -7,7 +7,7 @@ verifier and lays the results out as rollout rows in a [B, G] slot layout: slot 
 the second-round response that follows first-round response g of prompt b, or nothing
 (`Rollout.valid` False: no tokens, no advantage, outside the group statistics). Its credit
 is the run's own (`step.credit`, normalized within the second round's groups), and its rows
-are appended to the first round's for one update (`concat`), so they train with the run's
+are appended to the first round's for one update (`joined`), so they train with the run's
 objective, conditioned on their own, longer prompts.
 
 Prompt counts vary per step; they are padded up to multiples of N / BUCKETS rows so that the

@@ -70,3 +70,19 @@ def test_compare_rule_by_hand():
     assert report.compare([0.30, 0.31, 0.29], [0.5, 0.52, 0.51]) == "lower"
     assert report.compare([0.5, 0.6], [0.52, 0.58]) == "level"
     assert report.compare([0.5], [0.4]).startswith("n/a")
+
+
+def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
+    """A budget-matched run ends before train.steps, with an evaluation at the step that
+    reached train.budget: that is its final row; without it the run is still going."""
+    (tmp_path / "config.json").write_text(json.dumps({"train": {"steps": 200, "budget": 1000}}))
+    rows = [{"step": 0, "eval_accuracy": 0.5, "budget_trajectories": 0.0},
+            {"step": 3, "accuracy": 0.5, "budget_trajectories": 768.0},
+            {"step": 4, "accuracy": 0.5, "budget_trajectories": 1024.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert reproduce.compact(tmp_path, ["python", "-m", "x"]) is None
+    rows[-1]["eval_accuracy"] = 0.6
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    rec = reproduce.compact(tmp_path, ["python", "-m", "x"])
+    assert rec["rows"][-1] == {"step": 4, "eval_accuracy": 0.6, "budget_trajectories": 1024.0,
+                               "accuracy": 0.5}
