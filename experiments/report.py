@@ -198,7 +198,8 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
                  fmt(v["gain"], 100),
                  compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
                  steps_to(recs, threshold) if recs and threshold == threshold else "—",
-                 *(fmt(v.get(k, []), digits=4) for k in item.metrics), fmt(v["time_min"]),
+                 *(fmt(v.get(k, []), digits=0 if k == "budget_trajectories" else 4)
+                   for k in item.metrics), fmt(v["time_min"]),
                  item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
     short, why = verdict(item, s)
