@@ -26,8 +26,9 @@ ALGOS = {
     # Table 1's other baselines (DESIGN §7): GSPO on R + λ_prm · min_k PRM_k, and GRPO with
     # SCoRe's second attempts.
     "prm_gspo": {"loss.name": "gspo", "ibpo.operator": "terminal", "prm.weight": 0.5},
+    # SCoRe's second attempts need a base that reads second-attempt prompts (README).
     "score_grpo": {"loss.name": "grpo", "ibpo.operator": "terminal", "score.enabled": True,
-                   **_TOKEN_CLIP},
+                   "warm_start.followups": True, **_TOKEN_CLIP},
 }
 
 # Embedded task + tiny Qwen3 on 2 CPU cores: warm start, then RL, in about 10 minutes. The task
@@ -63,7 +64,7 @@ SMOKE = {
     "train.steps": 4, "train.eval_every": 2, "train.checkpoint_every": 2,
     "train.progress": False, "diagnostics.grad_var_every": 0,
     "prm.num_prompts": 4, "prm.samples": 2, "prm.completions": 2, "prm.head_steps": 100,
-    "score.stage1_steps": 2,
+    "score.stage1_steps": 2, "warm_start.followups": False,  # the smoke base, shared
     "eval.num_prompts": 4, "eval.samples": 4, "eval.temperature": 1.0,
 }
 
