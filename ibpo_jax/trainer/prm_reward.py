@@ -28,7 +28,7 @@ from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.credit import Rollout
 
 
-def _truth(infos: list[dict]) -> np.ndarray:
+def _truth(infos: list[dict]) -> np.ndarray | None:
     """The checker's first wrong step per response (-1: none), or None if it reports none."""
     if not infos or any("first_wrong_step" not in i for i in infos):
         return None
@@ -54,9 +54,10 @@ class PrmReward:
             with np.load(self.dir / "head.npz") as f:
                 self.head = {k: jax.numpy.asarray(f[k]) for k in f.files}
             return meta["cost"], meta["metrics"]
-        head, cost, metrics = self._fit()
+        head, cost, metrics = self._fit()  # the same on every process (same seed)
         self.head = head
-        self._save(head, cost, metrics)
+        if self.trainer.is_main:
+            self._save(head, cost, metrics)
         return cost, metrics
 
     def _save(self, head: dict, cost: float, metrics: dict) -> None:
