@@ -94,7 +94,10 @@ def sample_round(trainer: Any, texts: list[str], width: int, key: jax.Array, n: 
         return Sampled(np.zeros((0, width), np.int32), np.zeros(0, np.int32),
                        np.zeros((0, r), np.int32), np.zeros(0, np.int32),
                        np.zeros((0, r), np.float32), 0)
-    prompts = encode_prompts(tok, texts + [texts[0]] * (padded_count(m, n) - m), width)
+    prompts = encode_prompts(tok, texts, width)
+    pad = padded_count(m, n) - m  # copies of the first prompt: one compiled shape per bucket
+    prompts = prompts._replace(tokens=np.concatenate([prompts.tokens, prompts.tokens[:1].repeat(
+        pad, 0)]), lengths=np.concatenate([prompts.lengths, prompts.lengths[:1].repeat(pad)]))
     e, r = cfg.eval, cfg.rollout
     settings = (dict(max_new_tokens=e.max_new_tokens or r.max_new_tokens,
                      temperature=e.temperature, top_p=e.top_p) if evaluation else
@@ -107,8 +110,8 @@ def sample_round(trainer: Any, texts: list[str], width: int, key: jax.Array, n: 
         out = generate(trainer.state.params, prompts.tokens, prompts.lengths, key)
     tokens, lengths, logp = (sharding.host_array(x)[:m]
                              for x in (out.tokens, out.lengths, out.logprobs))
-    cut = sum(len(tok.encode(t)) + (tok.bos_id is not None) > width for t in texts)
-    return Sampled(prompts.tokens[:m], prompts.lengths[:m], tokens, lengths, logp, int(cut))
+    return Sampled(prompts.tokens[:m], prompts.lengths[:m], tokens, lengths, logp,
+                   prompts.truncated)
 
 
 def slot_arrays(n: int, slots: np.ndarray, got: Sampled, reward: np.ndarray,
