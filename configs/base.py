@@ -86,6 +86,14 @@ QWEN3_MATH = {
 _QWEN3_SIZES = {"0.6b": (8, 1, 2), "1.7b": (8, 1, 4), "4b": (16, 1, 4), "8b": (16, 2, 8),
                 "14b": (16, 4, 8), "32b": (32, 4, 16)}
 
+# Settings of one algorithm under one preset, applied last. SCoRe on arith_tiny: 50 steps of
+# 32 prompts x G 8 x 2 attempts = 25,600 trajectories (GSPO's 100 steps, Table 1's budget),
+# the first 15 in stage I: its default stage I of 50 steps would fill the whole run.
+ALGO_PRESETS = {
+    ("score_grpo", "arith_tiny"): {"train.steps": 50, "score.stage1_steps": 15,
+                                   "train.eval_every": 25, "train.checkpoint_every": 25},
+}
+
 PRESETS = {
     "arith_tiny": ARITH_TINY,
     "smoke": SMOKE,
@@ -104,8 +112,8 @@ def make(algo: str, preset: str | None = None) -> ml_collections.ConfigDict:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
     c = ml_collections.ConfigDict(RunConfig().to_dict())
-    for key, value in {"algo": algo, "preset": preset, **ALGOS[algo],
-                       **PRESETS[preset]}.items():
+    for key, value in {"algo": algo, "preset": preset, **ALGOS[algo], **PRESETS[preset],
+                       **ALGO_PRESETS.get((algo, preset), {})}.items():
         *parents, leaf = key.split(".")
         node = c
         for part in parents:

@@ -1,7 +1,7 @@
 """Reproduce the papers' tables and figures in miniature, with one command.
 
     python -m experiments.reproduce ITEM [--task arith] [--seeds N] [--jobs J] [--smoke]
-                                         [--out DIR]
+                                         [--out DIR] [--only LABEL,...]
 
 ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, group_size,
 optimizers, appendix_a, appendix_b, cancellation, variants) or `all`.
@@ -13,7 +13,8 @@ experiments/results/runs/<task>/<run name>_s<seed>.json: commit those. A run who
 exists is not trained again, so a fresh machine with the committed records rebuilds every
 table without rerunning anything, and an interrupted grid picks up where it stopped. Reports
 (experiments/results/<task>/<item>.md and PNGs, and the summary experiments/results/README.md)
-are aggregated from the records only.
+are aggregated from the records only. `--only` trains just the runs with those labels (the
+report still reads every record); a run that another driver is training is left to it.
 
 --smoke trains the `smoke` preset for one step, one seed, the first run of each item, into
 --out (a temporary directory by default): seconds per run, for the test suite.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import fcntl
 import json
 import os
 import subprocess
@@ -90,8 +92,15 @@ def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
     cmd, workdir, log_path = job
     t0 = time.time()
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    # One trainer per workdir: a second driver (another item sharing the run, or --only)
+    # leaves a run that one is training alone instead of resuming it concurrently.
+    with open(log_path.with_suffix(".lock"), "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return workdir, 0.0, "being trained by another driver"
+        with open(log_path, "a") as log:
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     err = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log_path}"
     return workdir, time.time() - t0, err
 
@@ -141,14 +150,19 @@ def _write(path: Path, record: dict) -> None:
 
 
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
-              out: Path) -> list[Path]:
-    """Runs and reports `names`; returns the results files written."""
+              out: Path, only: tuple[str, ...] = ()) -> list[Path]:
+    """Runs and reports `names` (training only the runs labelled `only`, if given); returns
+    the results files written."""
     preset, extra = TASKS[task]
     if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
         # (and the plain smoke base: a second warm start would only cost the tests time).
         preset, extra = "smoke", (("train.steps", "1"), ("train.eval_every", "1"),
                                   ("rollout.prompts_per_step", "4"),
                                   ("warm_start.followups", "false"))
+    labels = {r.label for name in names for r in items_lib.ITEMS[name].runs}
+    if unknown := set(only) - labels:
+        raise SystemExit(f"--only {', '.join(sorted(unknown))}: no such run in "
+                         f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
     written = []
@@ -158,7 +172,8 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
         why = item.missing()
         runs = item.runs[:1] if smoke else item.runs
         if not why:
-            ensure_runs([(r, s) for s in range(n_seeds) for r in runs], task=task, preset=preset,
+            train = [r for r in runs if not only or r.label in only]
+            ensure_runs([(r, s) for s in range(n_seeds) for r in train], task=task, preset=preset,
                         extra=extra, runs_dir=runs_dir, records_dir=records_dir,
                         parallel=parallel)
         cmd = f"python -m experiments.reproduce {name} --task {task}" + (
@@ -177,12 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--only", default="", help="comma-separated run labels to train (e.g. "
+                   "'SCoRe+GRPO'); the report still reads every recorded run")
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
     names = list(items_lib.ORDER) if args.item == "all" else [args.item]
     for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
-                          smoke=args.smoke, out=out):
+                          smoke=args.smoke, out=out,
+                          only=tuple(x for x in args.only.split(",") if x)):
         print(f"wrote {path}")
     return 0
 

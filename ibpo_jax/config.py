@@ -118,9 +118,25 @@ class RunConfig(_Section):
         if self.score.enabled and self.ibpo.correction_rollouts:
             raise ConfigError("config.score.enabled and config.ibpo.correction_rollouts are two "
                               "different second rounds: set one")
+        if self.score.enabled:
+            self._check_score_stages()
         if self.loss.name == "ppo" and self.ibpo.credit == "token":
             raise ConfigError("config.ibpo.credit='token' is for group estimators, not "
                               "config.loss.name='ppo'")
+
+    def _check_score_stages(self):
+        """SCoRe's stage II must start before the run ends: at train.steps, or at the budget
+        (each SCoRe step samples 2 · prompts_per_step · group_size trajectories)."""
+        steps, why = self.train.steps, f"config.train.steps={self.train.steps}"
+        if self.train.budget > 0:
+            per_step = 2 * self.rollout.prompts_per_step * self.rollout.group_size
+            by_budget = -(-self.train.budget // per_step)
+            if by_budget < steps:
+                steps, why = by_budget, (f"config.train.budget={self.train.budget} "
+                                         f"({by_budget} steps of {per_step} trajectories)")
+        if self.score.stage1_steps >= steps:
+            raise ConfigError(f"config.score.stage1_steps={self.score.stage1_steps}: the run "
+                              f"ends after {steps} steps ({why}), so stage II would never run")
 
     @property
     def update_layout(self) -> str:

@@ -39,6 +39,21 @@ def test_second_rounds_exclude_each_other_and_leave_grouped_layout():
     assert c.update_layout == "rows"
 
 
+def test_score_stage_two_must_start_before_the_run_ends():
+    c = config.load("configs/score_grpo.py")  # arith_tiny: 50 steps, stage I the first 15
+    assert (c.train.steps, c.score.stage1_steps) == (50, 15)
+    with pytest.raises(config.ConfigError, match=r"config.score.stage1_steps=50: the run ends "
+                                                 r"after 50 steps \(config.train.steps=50\)"):
+        config.load("configs/score_grpo.py", [("score.stage1_steps", "50")])
+    # 25,600 trajectories at 2 x 32 x 8 per step: 50 steps, whatever train.steps says.
+    with pytest.raises(config.ConfigError, match=r"config.train.budget=25600 \(50 steps of 512"):
+        config.load("configs/score_grpo.py", [("train.steps", "200"),
+                                              ("score.stage1_steps", "50"),
+                                              ("train.budget", "25600")])
+    config.load("configs/score_grpo.py", [("train.steps", "200"), ("score.stage1_steps", "49"),
+                                          ("train.budget", "25600")])
+
+
 def test_default_preset_is_arith_tiny_and_paper_preset_has_paper_hyperparameters():
     c = config.load("configs/ibpo_gspo.py")
     assert c.preset == "arith_tiny" and c.task.name == "arith" and c.warm_start.enabled

@@ -86,3 +86,25 @@ def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
     rec = reproduce.compact(tmp_path, ["python", "-m", "x"])
     assert rec["rows"][-1] == {"step": 4, "eval_accuracy": 0.6, "budget_trajectories": 1024.0,
                                "accuracy": 0.5}
+
+
+def test_only_names_runs_of_the_items():
+    with pytest.raises(SystemExit, match="--only SCoRe: no such run in table1; runs: GRPO, GSPO"):
+        reproduce.reproduce(["table1"], task="arith", seeds=1, parallel=1, smoke=True,
+                            out=Path("/nonexistent"), only=("SCoRe",))
+
+
+def test_a_run_another_driver_trains_is_left_alone(tmp_path):
+    import fcntl
+
+    log = tmp_path / "logs" / "x_s0.log"
+    log.parent.mkdir()
+    with open(log.with_suffix(".lock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        marker = tmp_path / "trained"
+        workdir, seconds, err = reproduce._train(
+            ([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "w", log))
+        assert err == "being trained by another driver" and not marker.exists()
+    workdir, seconds, err = reproduce._train(
+        ([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "w", log))
+    assert err == "" and marker.exists()
