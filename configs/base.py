@@ -48,6 +48,16 @@ ARITH_TINY = {
     "diagnostics.grad_var_every": 20,
 }
 
+# The long-horizon task (README, "The long task"): 8-step chains, where one local slip sinks an
+# otherwise right answer, the situation Appendix A says IBPO is for. Prompts are 103
+# characters on average (at most 131), responses 74 (at most 87); 100 RL steps.
+ARITH_LONG = {
+    **ARITH_TINY,
+    "task.arith.num_steps": 8, "rollout.max_prompt_len": 136, "rollout.max_new_tokens": 96,
+    "train.steps": 100, "train.eval_every": 25, "train.checkpoint_every": 25,
+    "eval.num_prompts": 300,
+}
+
 # Seconds-long run for tests: a smaller model and batch, a few steps. The 800-step warm start
 # (about 30 s, cached in the data dir) makes the base solve about a third of the problems, so
 # groups are mixed and φ and the advantages are not all zero: the tests exercise the credit
@@ -89,13 +99,14 @@ _QWEN3_SIZES = {"0.6b": (8, 1, 2), "1.7b": (8, 1, 4), "4b": (16, 1, 4), "8b": (1
 # Settings of one algorithm under one preset, applied last. SCoRe on arith_tiny: 50 steps of
 # 32 prompts x G 8 x 2 attempts = 25,600 trajectories (GSPO's 100 steps, Table 1's budget),
 # the first 15 in stage I: its default stage I of 50 steps would fill the whole run.
-ALGO_PRESETS = {
-    ("score_grpo", "arith_tiny"): {"train.steps": 50, "score.stage1_steps": 15,
-                                   "train.eval_every": 25, "train.checkpoint_every": 25},
-}
+_SCORE_TINY = {"train.steps": 50, "score.stage1_steps": 15, "train.eval_every": 25,
+               "train.checkpoint_every": 25}
+ALGO_PRESETS = {("score_grpo", "arith_tiny"): _SCORE_TINY,
+                ("score_grpo", "arith_long"): _SCORE_TINY}
 
 PRESETS = {
     "arith_tiny": ARITH_TINY,
+    "arith_long": ARITH_LONG,
     "smoke": SMOKE,
     **{f"qwen3_{size}_math": {**QWEN3_MATH, "model.preset": f"qwen3-{size}",
                               "mesh.fsdp": fsdp, "mesh.tensor": tensor,

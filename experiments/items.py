@@ -105,6 +105,15 @@ ITEMS = {
         {"GSPO G=4": "28.9", "IBPO G=4": "33.4", "GSPO G=8": "32.1", "IBPO G=8": "36.7",
          "GSPO G=16": "34.5", "IBPO G=16": "38.2"},
         "IBPO beats GSPO at every G; both improve with G"),
+    "sizes": Item(
+        "sizes", "C.1: model size, GSPO -> IBPO (two tiny sizes)",
+        (GSPO, IBPO, *(run(f"{a} 2x", algo, **{"model.tiny.hidden_size": 256,
+                                               "model.tiny.intermediate_size": 768,
+                                               "model.tiny.num_hidden_layers": 6})
+                       for a, algo in (("GSPO", "gspo"), ("IBPO", "ibpo_gspo")))),
+        {"IBPO-GSPO": "+3.8 / +4.6 / +5.3 over GSPO at 7B / 32B / 72B", "IBPO 2x": "a larger "
+         "gain than at the smaller size"},
+        "IBPO's gain over GSPO grows with model size"),
     "optimizers": Item(
         "optimizers", "C.4: base optimizer, alone and + IBPO",
         (run("GRPO", "grpo"), run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
@@ -151,7 +160,13 @@ ITEMS = {
          run("token granularity", "ibpo_gspo", **{"ibpo.granularity": "token"})),
         {"IBPO-GSPO": "the paper's form"},
         "some IBPO variant gives an edge over its base optimizer", min_seeds=3,
-        metrics=("pg_var_ratio",)),
+        metrics=("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
+                 "adv_mass_before_error")),
+    # A probe of the base policy, no training (experiments/credit_probe.py).
+    "credit": Item(
+        "credit", "Credit: which signal finds the checker's first wrong step", (),
+        {}, "the first error found by sequence alignment is where a response goes wrong",
+        min_seeds=3),
 }
-ORDER = ("table1", "table2a", "table2b", "curves", "group_size", "optimizers", "appendix_a",
-         "appendix_b", "cancellation", "variants")
+ORDER = ("table1", "table2a", "table2b", "curves", "sizes", "group_size", "optimizers",
+         "appendix_a", "appendix_b", "cancellation", "variants", "credit")

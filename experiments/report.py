@@ -110,6 +110,16 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         ok = m == "higher" and v == "lower"
         short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
         return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
+    if item.name == "sizes":
+        if not {"GSPO", "IBPO-GSPO", "GSPO 2x", "IBPO 2x"} <= f.keys():
+            return "not run", "needs GSPO and IBPO-GSPO records at both sizes"
+        gain = lambda a, b: statistics.mean(f[a]) - statistics.mean(f[b])  # noqa: E731
+        g1, g2 = gain("IBPO-GSPO", "GSPO"), gain("IBPO 2x", "GSPO 2x")
+        r1, r2 = c("IBPO-GSPO", "GSPO"), c("IBPO 2x", "GSPO 2x")
+        ok = r2 == "higher" and g2 > g1
+        return ("holds" if ok else "partly" if "higher" in (r1, r2) else "does not hold",
+                f"IBPO - GSPO: {100 * g1:+.1f} pts at the default size ({r1}), "
+                f"{100 * g2:+.1f} at 2x ({r2})")
     pairs = {  # (challenger, baseline) pairs whose direction the paper claims
         "table1": [("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO", "SCoRe+GRPO")],
         "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],

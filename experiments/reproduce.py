@@ -1,10 +1,10 @@
 """Reproduce the papers' tables and figures in miniature, with one command.
 
-    python -m experiments.reproduce ITEM [--task arith] [--seeds N] [--jobs J] [--smoke]
+    python -m experiments.reproduce ITEM [--task arith|arith_long] [--seeds N] [--jobs J] [--smoke]
                                          [--out DIR] [--only LABEL,...]
 
-ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, group_size,
-optimizers, appendix_a, appendix_b, cancellation, variants) or `all`.
+ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, sizes, group_size,
+optimizers, appendix_a, appendix_b, cancellation, variants, credit) or `all`.
 
 Each training run goes to runs/reproduce/<task>/<run name>_s<seed>/ (the trainer's own
 workdir: a killed run resumes from its last checkpoint). When a run finishes, its compact
@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments import credit_probe
 from experiments import items as items_lib
 from experiments import report
 
@@ -47,9 +48,11 @@ KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_m
         "corrections", "corrections_accuracy", "attempt1_accuracy", "attempt2_accuracy",
         "flip_wrong_to_right", "flip_right_to_wrong", "prm_mean", "prm_label_accuracy",
         "prm_label_cost", "prm_mc_label_accuracy", "prm_fit_label_accuracy",
-        "eval_accuracy_attempt1")
-TASKS = {  # --task -> (preset, extra overrides). The long-horizon task is not built yet.
+        "eval_accuracy_attempt1", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
+        "adv_mass_before_error", "adv_mean_before_error", "adv_mean_after_error")
+TASKS = {  # --task -> (preset, extra overrides)
     "arith": ("arith_tiny", ()),
+    "arith_long": ("arith_long", ()),  # 8-step chains (configs/base.py, README "The long task")
 }
 
 
@@ -169,6 +172,13 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     for name in names:
         item = items_lib.ITEMS[name]
         n_seeds = 1 if smoke else (seeds or item.min_seeds)
+        cmd = f"python -m experiments.reproduce {name} --task {task}" + (
+            f" --seeds {seeds}" if seeds else "") + (" --smoke" if smoke else "")
+        if name == "credit":  # a probe of the base policy, no training run
+            written += credit_probe.reproduce(
+                preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
+                out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES)
+            continue
         why = item.missing()
         runs = item.runs[:1] if smoke else item.runs
         if not why:
@@ -176,8 +186,6 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
             ensure_runs([(r, s) for s in range(n_seeds) for r in train], task=task, preset=preset,
                         extra=extra, runs_dir=runs_dir, records_dir=records_dir,
                         parallel=parallel)
-        cmd = f"python -m experiments.reproduce {name} --task {task}" + (
-            f" --seeds {seeds}" if seeds else "") + (" --smoke" if smoke else "")
         written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
                                      out_dir=out / task, command=cmd, missing=why)
     written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))

@@ -387,6 +387,15 @@ def _first_errors(units, n_units, alignment):
     return lcs.reshape(g, g), e.reshape(g, g)
 
 
+def first_error_matrix(units: jax.Array, n_units: jax.Array, *, alignment: str = "lcs"
+                       ) -> jax.Array:
+    """e [G, G] int32 of one group: e[i, j] = the first error of response i against response
+    j under `alignment` (DESIGN §2), the value `compute_phi` reads for its peer j*."""
+    _choice(alignment, ALIGNMENTS, "ibpo.alignment")
+    units, n_units = jnp.asarray(units, jnp.int32), jnp.asarray(n_units, jnp.int32)
+    return _first_errors(units, n_units, alignment)[1]
+
+
 def _reduce(score, e, n_units, correct, reduce: str) -> Phi:
     """Reduction over correct j of score [G, G] -> Phi (Δ from `_with_delta`).
     e: first errors [G, G]."""

@@ -393,3 +393,18 @@ def test_operator_registry_and_bad_group_input():
         C.compute_phi(_UNITS[None], _N[None], _CORRECT[None])
     with pytest.raises(ValueError, match="n_units and correct"):
         C.compute_phi(_UNITS, _N[:3], _CORRECT)
+
+
+def test_first_error_matrix_is_what_compute_phi_reads_for_its_peer():
+    # Rows 0-1 right, 2-3 wrong; the example of DESIGN §2 in row 2 against row 0.
+    units = jnp.array([[1, 2, 3, 4, 5], [1, 2, 9, 4, 5], [5, 1, 2, 3, 4], [1, 2, 3, 7, 5]])
+    n = jnp.array([5, 5, 5, 5])
+    correct = jnp.array([True, True, False, False])
+    for alignment in ("lcs", "prefix"):
+        e = C.first_error_matrix(units, n, alignment=alignment)
+        out = C.compute_phi(units, n, correct, alignment=alignment)
+        for i in (2, 3):
+            assert int(out.first_error[i]) == int(e[i, int(out.best_match[i])])
+    assert int(C.first_error_matrix(units, n, alignment="lcs")[2, 0]) == 0
+    assert int(C.first_error_matrix(units, n, alignment="prefix")[2, 0]) == 1
+

@@ -17,7 +17,7 @@ def test_every_config_has_all_presets_and_matches_its_algorithm():
     assert len(CONFIGS) == 8
     for path in CONFIGS:
         algo = Path(path).stem
-        for preset in ("arith_tiny", "smoke", "qwen3_32b_math", "qwen3_0.6b_math"):
+        for preset in ("arith_tiny", "arith_long", "smoke", "qwen3_32b_math", "qwen3_0.6b_math"):
             c = config.load(f"{path}:{preset}")
             assert c.algo == algo and c.preset == preset
             assert (c.ibpo.operator == "terminal") == (not algo.startswith("ibpo_"))

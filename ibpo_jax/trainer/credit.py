@@ -91,7 +91,45 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     shaped = groups(rollout.reward, g) + ibpo.lam * phi
     metrics = credit_metrics(rollout, phi, spec)
     metrics["units_truncated_frac"] = jnp.mean(u.truncated.astype(jnp.float32))
+    if not spec.is_ppo:
+        seq_adv = adv if delta is None else group_advantages(spec, rollout, phi)
+        metrics.update(where_credit_goes(rollout, adv, seq_adv, phi_out.first_error.reshape(-1),
+                                         u.token_unit, g))
     return Credit(phi, phi_out.first_error, shaped, adv), metrics
+
+
+def where_credit_goes(rollout: Rollout, adv: jax.Array, seq_adv: jax.Array,
+                      first_error: jax.Array, token_unit: jax.Array, g: int
+                      ) -> dict[str, jax.Array]:
+    """Where a batch's credit lands on the wrong responses that φ scores (issue 16).
+
+    adv: [N] or [N, R] the update's advantages; seq_adv [N] the sequence-level ones (eq. 5,
+    the same without per-token Δ); first_error [N] units before the first error; token_unit
+    [N, R] each token's unit. Returns `adv_mass_before_error`: the share of those responses'
+    Σ_t |A_t| (each token's coefficient on ∇log π before the aggregation's row weight) on
+    tokens before the first error; `adv_mean_before_error` / `adv_mean_after_error`: the mean
+    advantage there; `adv_sign_flip_frac`: the share of all response tokens whose advantage
+    sign differs from their response's sequence-level advantage (0 without token credit).
+    """
+    mask = response_mask(rollout.response_len, rollout.response.shape[1])  # [N, R]
+    if rollout.valid is not None:
+        mask &= rollout.valid[:, None]
+    correct = groups(rollout.correct, g)
+    scored = (~correct & jnp.any(correct, -1, keepdims=True)).reshape(-1)  # φ defined there
+    tok = jnp.broadcast_to(adv if adv.ndim == 2 else adv[:, None], mask.shape)
+    # token_unit -1: no unit (EOS, leading delimiters); -2: past the unit budget (after).
+    fe = first_error[:, None]
+    before = mask & scored[:, None] & (token_unit >= 0) & (token_unit < fe)
+    after = mask & scored[:, None] & ((token_unit >= fe) | (token_unit == -2))
+    mass = lambda m: jnp.sum(jnp.where(m, jnp.abs(tok), 0.0))
+    mean = lambda m: jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(jnp.sum(m), 1)
+    flips = mask & (jnp.sign(tok) != jnp.sign(seq_adv)[:, None])
+    return {
+        "adv_mass_before_error": mass(before) / jnp.maximum(mass(before) + mass(after), 1e-30),
+        "adv_mean_before_error": mean(before),
+        "adv_mean_after_error": mean(after),
+        "adv_sign_flip_frac": jnp.sum(flips) / jnp.maximum(jnp.sum(mask), 1),
+    }
 
 
 def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:

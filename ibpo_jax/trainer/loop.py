@@ -234,17 +234,7 @@ class Trainer:
                                                    lengths[rows])
         t2 = time.perf_counter()
 
-        n = len(lengths)
-        place = lambda x: sharding.global_array(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
-        mine = lambda x: sharding.rows_array(x, rows, n,
-                                             sharding.batch_sharding(self.mesh, np.ndim(x)))
-        prompt_len = np.repeat(prompts.lengths, g)
-        plan = self.packing_plan(prompt_len, lengths, prompts.tokens.shape[1], tokens.shape[1])
-        rollout = step.Rollout(
-            prompt=place(np.repeat(prompts.tokens, g, axis=0)),
-            prompt_len=place(prompt_len),
-            response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
-            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended))
+        rollout, plan = self.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
         extra = {}
         if self.prm is not None:  # r̃ = R + λ_prm · min_k PRM_k (DESIGN §7)
             rollout, extra = self.prm.shape(rollout, rows, infos)
@@ -254,20 +244,13 @@ class Trainer:
         first_cred, correct_all = cred, rollout.correct
         diag = {}
         if self.diagnose(s):  # at the policy that sampled the batch, before the update
-            diag = self.pg_variance(rollout, cred, prompt_len, prompts.tokens.shape[1])
+            diag = self.pg_variance(rollout, cred, np.repeat(prompts.lengths, g),
+                                    prompts.tokens.shape[1])
             self.write_record(s, cred, rollout, rows, infos)
-        cost = float(n)
+        self.budget += len(lengths)
         if self.second is not None:  # appended rows: the update trains on both rounds
-            t_round = time.perf_counter()
-            ext = self.second.extend(self, s, jax.random.fold_in(gen_key, 1),
-                                     rounds.first_round(self, records, rollout), cred)
-            rollout, cred, cost = ext.rollout, ext.cred, cost + ext.cost
-            extra.update(ext.metrics)
-            plan = self.packing_plan(*(sharding.host_array(x) for x in (
-                rollout.prompt_len, rollout.response_len)), *rollout.prompt.shape[1:],
-                *rollout.response.shape[1:])
-            extra["time_second_round_s"] = time.perf_counter() - t_round
-        self.budget += cost
+            rollout, cred, plan = self.second_round(s, jax.random.fold_in(gen_key, 1), records,
+                                                    rollout, cred, extra)
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
@@ -293,6 +276,40 @@ class Trainer:
             - extra.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
         )
         return metrics
+
+    def second_round(self, s: int, key: jax.Array, records: list[dict], rollout: step.Rollout,
+                     cred: Any, metrics: dict[str, float]
+                     ) -> tuple[step.Rollout, Any, packing.Plan]:
+        """Step s's second round (corrections or SCoRe's second attempts) appended to the
+        first: the joined rollout, its credit and its packing plan; charges the budget and
+        adds the round's metrics to `metrics`."""
+        t0 = time.perf_counter()
+        ext = self.second.extend(self, s, key, rounds.first_round(self, records, rollout), cred)
+        self.budget += ext.cost
+        plan = self.packing_plan(*(sharding.host_array(x) for x in (
+            ext.rollout.prompt_len, ext.rollout.response_len)), *ext.rollout.prompt.shape[1:],
+            *ext.rollout.response.shape[1:])
+        metrics.update(ext.metrics, time_second_round_s=time.perf_counter() - t0)
+        return ext.rollout, ext.cred, plan
+
+    def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
+                   correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray
+                   ) -> tuple[step.Rollout, packing.Plan]:
+        """The sampled batch as the update's `Rollout` on the mesh (the host's scores placed at
+        its rows `rows`), and its packing plan."""
+        g, n = self.cfg.rollout.group_size, len(lengths)
+        place = lambda x: sharding.global_array(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
+        mine = lambda x: sharding.rows_array(x, rows, n,
+                                             sharding.batch_sharding(self.mesh, np.ndim(x)))
+        prompt_len = np.repeat(prompts.lengths, g)
+        plan = self.packing_plan(prompt_len, lengths, prompts.tokens.shape[1],
+                                 out.tokens.shape[1])
+        rollout = step.Rollout(
+            prompt=place(np.repeat(prompts.tokens, g, axis=0)),
+            prompt_len=place(prompt_len),
+            response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
+            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended))
+        return rollout, plan
 
     def sample(self, key: jax.Array) -> tuple[list[dict], Any, Any]:
         """The next prompts of the training split, encoded, and G samples of each."""

@@ -36,6 +36,13 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
     if items.ITEMS[name].missing():
         assert verdict["verdict"] == "not run" and "**Not run**" in md
         return
+    if name == "credit":  # a probe, no runs: one row per signal, rates in percent
+        rows = [line for line in md.splitlines() if line.startswith("| lcs: ")
+                or line.startswith("| prefix: ")]
+        assert len(rows) == 10 and all(re.search(r"\| \d+\.\d ± \d+\.\d \|", r) for r in rows)
+        assert (out / "arith" / "credit.png").stat().st_size > 1000
+        assert (out / "runs" / "arith" / "credit_s0.json").exists()
+        return
     # The first run's row: its final accuracy is a number in percent, and the plot exists.
     row = next(line for line in md.splitlines()
                if line.startswith(f"| {items.ITEMS[name].runs[0].label} |"))
@@ -108,3 +115,13 @@ def test_a_run_another_driver_trains_is_left_alone(tmp_path):
     workdir, seconds, err = reproduce._train(
         ([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "w", log))
     assert err == "" and marker.exists()
+
+
+def test_credit_probe_majority_ties_go_to_the_earliest():
+    import numpy as np
+
+    from experiments import credit_probe
+
+    peers = np.array([True, True, True, False])
+    assert credit_probe._majority(np.array([3, 1, 3, 0]), peers) == 3
+    assert credit_probe._majority(np.array([3, 1, 2, 0]), peers) == 1

@@ -1,0 +1,186 @@
+"""The `credit` item: how often each credit signal finds the checker's true first wrong step.
+
+No training: the warm-started base policy of the task samples `BATCHES` rollout batches per
+seed (the run's own sampler, prompts and G), the `arith` checker marks each wrong response's
+first wrong line, and every signal below names a step as the first error of each wrong
+response that has a correct peer in its group (the responses φ scores). A signal is a
+first-error rule (DESIGN §2: `lcs`, the first unit left unmatched by an optimal LCS alignment;
+`prefix`, v1's longest prefix that is a subsequence) applied against one correct peer, chosen
+by the operator's own score (the j* of `comparison.compute_phi`: φ's first error under that
+operator), by majority over the correct peers (the paper's "majority of correct trajectories":
+the most common first error, ties to the earliest), or by an oracle that picks, per response,
+any peer whose first error is right (an upper bound on what choosing a peer can do).
+
+Each seed's counts are a record under experiments/results/runs/<task>/credit_s<seed>.json, so
+the report is rebuilt from committed records without sampling again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from ibpo_jax import comparison, config, sharding
+from ibpo_jax.trainer import loop
+
+BATCHES = 8  # rollout batches per seed (arith_tiny: 8 x 32 prompts x G 8 = 2,048 responses)
+OPERATORS = {"φ's peer (lcs_first_error)": "lcs_first_error", "LCS-ratio peer": "lcs",
+             "edit-distance peer": "edit_distance"}
+ALIGNMENTS = ("lcs", "prefix")
+
+
+def signal_names() -> list[str]:
+    return [f"{rule}: {peer}" for rule in ALIGNMENTS
+            for peer in (*OPERATORS, "majority of peers", "oracle peer")]
+
+
+def _first_errors(units, n_units, correct, alignment):
+    """Per signal of one alignment: first errors [B, G] (operator peers) and e [B, G, G]."""
+    found = {}
+    for peer, op in OPERATORS.items():
+        phi = jax.vmap(lambda u, n, c, op=op: comparison.compute_phi(
+            u, n, c, operator=op, alignment=alignment))(units, n_units, correct)
+        found[peer] = np.asarray(phi.first_error)
+    e = np.asarray(jax.vmap(lambda u, n: comparison.first_error_matrix(
+        u, n, alignment=alignment))(units, n_units))
+    return found, e
+
+
+def _majority(e_row: np.ndarray, peers: np.ndarray) -> int:
+    values, counts = np.unique(e_row[peers], return_counts=True)
+    return int(values[np.argmax(counts)])  # np.unique sorts: ties go to the earliest
+
+
+def count_batch(trainer: loop.Trainer, key: jax.Array) -> dict[str, list[int]]:
+    """[agree, earlier, later, scored] per signal for one rollout batch of the base policy."""
+    g = trainer.cfg.rollout.group_size
+    records, prompts, out = trainer.sample(key)
+    rows, tokens = sharding.local_rows(out.tokens)
+    lengths = sharding.host_array(out.lengths)
+    reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
+                                                  lengths[rows])
+    rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    u = comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
+                                  trainer.is_delim, granularity="step")
+    units, n_units = u.units.reshape(-1, g, u.units.shape[1]), u.n_units.reshape(-1, g)
+    right = np.asarray(correct).reshape(-1, g)
+    truth = np.array([-1 if i.get("first_wrong_step") is None else i["first_wrong_step"]
+                      for i in infos]).reshape(-1, g)
+    scored = ~right & right.any(1, keepdims=True) & (truth >= 0)
+    counts = {}
+    for alignment in ALIGNMENTS:
+        found, e = _first_errors(units, n_units, right, alignment)
+        b_idx, i_idx = np.nonzero(scored)
+        for peer in (*OPERATORS, "majority of peers", "oracle peer"):
+            agree = early = late = 0
+            for b, i in zip(b_idx, i_idx):
+                t, peers = truth[b, i], right[b]
+                if peer == "oracle peer":  # else the first peer's (for the early / late split)
+                    f = t if np.any(e[b, i, peers] == t) else int(e[b, i, peers][0])
+                elif peer == "majority of peers":
+                    f = _majority(e[b, i], peers)
+                else:
+                    f = int(found[peer][b, i])
+                agree, early, late = agree + (f == t), early + (f < t), late + (f > t)
+            counts[f"{alignment}: {peer}"] = [int(agree), int(early), int(late), len(b_idx)]
+    return counts
+
+
+def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
+    """One seed's record: the summed counts of `batches` rollout batches and the command."""
+    overrides = [*extra, ("seed", str(seed))]
+    cfg = config.load(f"configs/gspo.py:{preset}", overrides)
+    total: dict[str, list[int]] = {}
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = loop.Trainer(cfg, workdir, log=lambda *_: None)
+        try:
+            for k in range(batches):
+                with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
+                    key = jax.random.fold_in(trainer.seed_key, k)
+                for name, c in count_batch(trainer, key).items():
+                    total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
+        finally:
+            trainer.close()
+    return {"preset": preset, "overrides": overrides, "batches": batches, "counts": total}
+
+
+def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_dir: Path,
+              command: str, batches: int = BATCHES) -> list[Path]:
+    """Measures the seeds without a record, then writes credit.md / .json / .png."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for seed in range(seeds):
+        path = records_dir / f"credit_s{seed}.json"
+        if not path.exists():
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(measure(preset, extra, seed, batches)) + "\n")
+            os.replace(tmp, path)
+        recs.append(json.loads(path.read_text()))
+    return write(recs, out_dir=out_dir, command=command, records_dir=records_dir)
+
+
+def _rates(recs: list[dict], name: str, which: int) -> list[float]:
+    return [r["counts"][name][which] / max(r["counts"][name][3], 1) for r in recs]
+
+
+def _fmt(xs: list[float]) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{100 * statistics.mean(xs):.1f} ± {100 * sd:.1f}"
+
+
+def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = signal_names()
+    scored = [r["counts"][names[0]][3] for r in recs]
+    lines = ["# Credit: how often each signal finds the checker's first wrong step", "",
+             "No paper number: the paper locates the first error \"by sequence alignment\" "
+             "and reports no accuracy for it; the embedded task's checker knows the truth.", "",
+             f"Produced by `{command}` from the records in `{records_dir.name}/` "
+             f"(`credit_s*.json`): the warm-started base policy, {recs[0]['batches']} rollout "
+             f"batch(es) per seed, {len(recs)} seed(s), "
+             + (f"{min(scored)}–{max(scored)}" if min(scored) < max(scored) else str(scored[0]))
+             + " scored wrong responses per seed (wrong, with a correct peer, the checker naming a wrong "
+             "line). Mean ± sd over seeds, in %.", "",
+             "| first-error rule: peer | finds it | names an earlier step | a later step |",
+             "|---|---|---|---|"]
+    for name in names:
+        lines.append(f"| {name} | {_fmt(_rates(recs, name, 0))} | "
+                     f"{_fmt(_rates(recs, name, 1))} | {_fmt(_rates(recs, name, 2))} |")
+    default = statistics.mean(_rates(recs, names[0], 0))
+    best = max(names, key=lambda n: statistics.mean(_rates(recs, n, 0)))
+    short = f"default {100 * default:.0f} %"
+    why = (f"φ's default first error (LCS alignment, its own peer) finds the checker's first "
+           f"wrong step for {100 * default:.1f} % of the wrong responses it scores; the best "
+           f"signal is \"{best}\" at {100 * statistics.mean(_rates(recs, best, 0)):.1f} %")
+    lines += ["", f"**Measured:** {why}.", "", "![credit](credit.png)"]
+    md, js, png = out_dir / "credit.md", out_dir / "credit.json", out_dir / "credit.png"
+    md.write_text("\n".join(lines) + "\n")
+    js.write_text(json.dumps({"verdict": short, "why": why, "seeds": len(recs)}) + "\n")
+    _plot(recs, names, png)
+    return [md, js, png]
+
+
+def _plot(recs: list[dict], names: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    means = [100 * statistics.mean(_rates(recs, n, 0)) for n in names]
+    sds = [100 * (statistics.stdev(_rates(recs, n, 0)) if len(recs) > 1 else 0.0)
+           for n in names]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.barh(range(len(names)), means, xerr=sds, color=["C0"] * 5 + ["C1"] * 5)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("finds the checker's first wrong step (%)")
+    ax.set_xlim(0, 100)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
