@@ -109,9 +109,13 @@ class ArithTaskConfig(_Section):
     """Digits of the start number and of the + / - operands."""
     ops: str = "+-*"
     """Operators to draw from: distinct characters of '+-*/'."""
+    max_value: int = 999
+    """Every intermediate value stays in [0, max_value]."""
 
     def check(self):
         self._positive("num_steps", "digits")
+        self._require("max_value", self.max_value >= 10 ** self.digits - 1,
+                      f"must be >= the largest {self.digits}-digit operand")
         self._require("ops", bool(self.ops) and not set(self.ops) - set("+-*/")
                       and len(set(self.ops)) == len(self.ops), "distinct characters of '+-*/'")
 

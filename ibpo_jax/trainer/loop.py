@@ -53,7 +53,8 @@ def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
     """Task `name` (a registry.TASKS entry); file-backed tasks read `path`."""
     if name == "arith":
         a = cfg.task.arith
-        return get_task("arith", config=arith.ArithConfig(a.num_steps, a.digits, a.ops),
+        return get_task("arith", config=arith.ArithConfig(a.num_steps, a.digits, a.ops,
+                                                          a.max_value),
                         data_dir=str(policy.data_dir(cfg) / "tfds"))
     if not path:
         raise ValueError(f"task {name!r} reads local files: give its path (config.task.path / "

@@ -51,7 +51,9 @@ def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
     """Cache directory of the warm-started base policy: a hash of what determines it."""
     key = json.dumps(
         dict(
-            task=cfg.task.name, arith=cfg.to_dict()["task"]["arith"],
+            # (max_value only when set: bases cached before it existed keep their keys)
+            task=cfg.task.name, arith={k: v for k, v in cfg.to_dict()["task"]["arith"].items()
+                                       if k != "max_value" or v != 999},
             arch=architecture(cfg, vocab_size).to_hf_dict(),
             warm_start={k: v for k, v in cfg.to_dict()["warm_start"].items()
                         if k not in ("enabled", "cache_dir") and (k != "followups" or v)},

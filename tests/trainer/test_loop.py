@@ -41,7 +41,10 @@ def _overrides(data_dir, **extra):
 
 @pytest.mark.parametrize("algo", CONFIGS)
 def test_every_config_runs_a_few_steps(algo, data_dir, tmp_path):
-    cfg = config.load(f"configs/{algo}.py:smoke", _overrides(data_dir, **{"train.steps": 2}))
+    # (SCoRe: one stage-I step, then stage II: a run that never reaches it is refused.)
+    score = {"score.stage1_steps": 1} if algo == "score_grpo" else {}
+    cfg = config.load(f"configs/{algo}.py:smoke", _overrides(data_dir, **{"train.steps": 2},
+                                                             **score))
     rows = loop.run(cfg, workdir=tmp_path)
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[-1]
