@@ -91,6 +91,9 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
             "rows": rows}
 
 
+BUSY = "being trained by another driver"
+
+
 def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
     cmd, workdir, log_path = job
     t0 = time.time()
@@ -101,7 +104,7 @@ def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return workdir, 0.0, "being trained by another driver"
+            return workdir, 0.0, BUSY
         with open(log_path, "a") as log:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     err = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log_path}"
@@ -136,6 +139,9 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
             done += 1
             record, cmd = by_workdir[workdir]
             rec = compact(workdir, cmd)
+            if err == BUSY:
+                print(f"  [{done}/{len(todo)}] {workdir.name}: skipped ({err})", flush=True)
+                continue
             if err or rec is None:
                 print(f"  [{done}/{len(todo)}] {workdir.name}: FAILED ({err or 'no final eval'})",
                       flush=True)
