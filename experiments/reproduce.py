@@ -33,9 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments import credit_probe
+from experiments import credit_probe, report
 from experiments import items as items_lib
-from experiments import report
 
 ROOT = items_lib.ROOT
 RESULTS = ROOT / "experiments" / "results"

@@ -87,9 +87,10 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
     Same trajectories, same loss (normalization, aggregation, KL, transform), at the policy
     that sampled them (ratio 1): `pg_var`, `pg_mean_sqnorm` with φ; `pg_var_gspo`,
     `pg_mean_sqnorm_gspo` with GSPO's advantages (φ = 0); `pg_var_ratio` = pg_var /
-    pg_var_gspo; `pg_noise_ratio{,_gspo}` = pg_var / pg_mean_sqnorm. `spec` is the run's `step.StepSpec` (any layout: the per-group gradients use
-    the "grouped" one), `plan` the identity packing plan of the batch (partition unit G). The
-    value loss (PPO) is not part of the policy gradient and is left out.
+    pg_var_gspo; `pg_noise_ratio{,_gspo}` = pg_var / pg_mean_sqnorm. `spec` is the run's
+    `step.StepSpec` (any layout: the per-group gradients use the "grouped" one), `plan` the
+    identity packing plan of the batch (partition unit G). The value loss (PPO) is not part of
+    the policy gradient and is left out.
     """
     spec = dataclasses.replace(spec, layout="grouped")
     n_groups = rollout.reward.shape[0] // spec.group_size
@@ -109,7 +110,7 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
         out["pg_mean_sqnorm" + suffix] = r["pg_mean_sqnorm"]
     out["pg_var_ratio"] = losses.safe_div(out["pg_var"], out["pg_var_gspo"])
     # Noise relative to signal: does φ change the gradient's direction-to-noise ratio, or
-    # only its size (issue 16)? Scale-free, so normalization cannot move it by itself.
+    # only its size (issue 16)? Scale-free: rescaling every advantage leaves it unchanged.
     for suffix in ("", "_gspo"):
         out["pg_noise_ratio" + suffix] = losses.safe_div(out["pg_var" + suffix],
                                                          out["pg_mean_sqnorm" + suffix])
