@@ -155,7 +155,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     rate = lambda n: 100 * statistics.mean(_rates(recs, n, 0))  # noqa: E731
     real = [n for n in names if not n.endswith("oracle peer")]
     best = max(real, key=rate)
-    short = f"default {rate(names[0]):.0f} %"
+    short = f"default {rate(names[0]):.1f} %"
     why = (f"φ's default first error (LCS alignment, its own peer) finds the checker's first "
            f"wrong step for {rate(names[0]):.1f} % of the wrong responses it scores; the best "
            f"signal is \"{best}\" at {rate(best):.1f} %, and an oracle choice of the peer "
