@@ -17,6 +17,7 @@ the report is rebuilt from committed records without sampling again.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -29,6 +30,8 @@ import numpy as np
 from ibpo_jax import comparison, config, sharding
 from ibpo_jax.trainer import loop
 
+ROOT = Path(__file__).resolve().parents[1]
+
 BATCHES = 8  # rollout batches per seed (arith_tiny: 8 x 32 prompts x G 8 = 2,048 responses)
 OPERATORS = {"φ's peer (lcs_first_error)": "lcs_first_error", "LCS-ratio peer": "lcs",
              "edit-distance peer": "edit_distance"}
@@ -40,15 +43,15 @@ def signal_names() -> list[str]:
             for peer in (*OPERATORS, "majority of peers", "oracle peer")]
 
 
-def _first_errors(units, n_units, correct, alignment):
-    """Per signal of one alignment: first errors [B, G] (operator peers) and e [B, G, G]."""
-    found = {}
-    for peer, op in OPERATORS.items():
-        phi = jax.vmap(lambda u, n, c, op=op: comparison.compute_phi(
-            u, n, c, operator=op, alignment=alignment))(units, n_units, correct)
-        found[peer] = np.asarray(phi.first_error)
-    e = np.asarray(jax.vmap(lambda u, n: comparison.first_error_matrix(
-        u, n, alignment=alignment))(units, n_units))
+@functools.partial(jax.jit, static_argnames="alignment")
+def _first_errors(units, n_units, correct, *, alignment):
+    """Per signal of one alignment: first errors [B, G] of each operator's peer and the
+    whole e [B, G, G] (one compiled program per alignment and batch shape)."""
+    found = {peer: jax.vmap(lambda u, n, c, op=op: comparison.compute_phi(
+        u, n, c, operator=op, alignment=alignment))(units, n_units, correct).first_error
+        for peer, op in OPERATORS.items()}
+    e = jax.vmap(lambda u, n: comparison.first_error_matrix(u, n, alignment=alignment))(
+        units, n_units)
     return found, e
 
 
@@ -75,7 +78,7 @@ def count_batch(trainer: loop.Trainer, key: jax.Array) -> dict[str, list[int]]:
     scored = ~right & right.any(1, keepdims=True) & (truth >= 0)
     counts = {}
     for alignment in ALIGNMENTS:
-        found, e = _first_errors(units, n_units, right, alignment)
+        found, e = jax.device_get(_first_errors(units, n_units, right, alignment=alignment))
         b_idx, i_idx = np.nonzero(scored)
         for peer in (*OPERATORS, "majority of peers", "oracle peer"):
             agree = early = late = 0
@@ -95,7 +98,7 @@ def count_batch(trainer: loop.Trainer, key: jax.Array) -> dict[str, list[int]]:
 def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     """One seed's record: the summed counts of `batches` rollout batches and the command."""
     overrides = [*extra, ("seed", str(seed))]
-    cfg = config.load(f"configs/gspo.py:{preset}", overrides)
+    cfg = config.load(f"{ROOT / 'configs' / 'gspo.py'}:{preset}", overrides)
     total: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory() as workdir:
         trainer = loop.Trainer(cfg, workdir, log=lambda *_: None)
@@ -179,7 +182,8 @@ def _plot(recs: list[dict], names: list[str], path: Path) -> None:
     sds = [100 * (statistics.stdev(_rates(recs, n, 0)) if len(recs) > 1 else 0.0)
            for n in names]
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.barh(range(len(names)), means, xerr=sds, color=["C0"] * 5 + ["C1"] * 5)
+    ax.barh(range(len(names)), means, xerr=sds,
+            color=[f"C{ALIGNMENTS.index(n.split(':')[0])}" for n in names])
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("finds the checker's first wrong step (%)")

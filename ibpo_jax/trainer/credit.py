@@ -57,6 +57,12 @@ def groups(x: jax.Array, g: int) -> jax.Array:
     return x.reshape(x.shape[0] // g, g, *x.shape[1:])
 
 
+def phi_scored(correct: jax.Array) -> jax.Array:
+    """correct [B, G] -> [B, G]: the wrong responses of groups with a correct one, the only
+    responses φ scores (elsewhere φ = 0 by definition)."""
+    return ~correct & jnp.any(correct, -1, keepdims=True)
+
+
 def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
                      delta: jax.Array | None = None) -> jax.Array:
     """The group estimator's advantages [N] (or [N, R] with per-token credit `delta` [N, R]);
@@ -114,8 +120,7 @@ def where_credit_goes(rollout: Rollout, adv: jax.Array, seq_adv: jax.Array,
     mask = response_mask(rollout.response_len, rollout.response.shape[1])  # [N, R]
     if rollout.valid is not None:
         mask &= rollout.valid[:, None]
-    correct = groups(rollout.correct, g)
-    scored = (~correct & jnp.any(correct, -1, keepdims=True)).reshape(-1)  # φ defined there
+    scored = phi_scored(groups(rollout.correct, g)).reshape(-1)
     tok = jnp.broadcast_to(adv if adv.ndim == 2 else adv[:, None], mask.shape)
     # token_unit -1: no unit (EOS, leading delimiters); -2: past the unit budget (after).
     fe = first_error[:, None]
@@ -138,14 +143,14 @@ def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str
     y = groups(rollout.reward, g)
     correct = groups(rollout.correct, g)
     mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
-    wrong_scored = ~correct & jnp.any(correct, -1, keepdims=True)
+    wrong_scored = phi_scored(correct)
     pooled = advantages.pooled_appendix_a(y, phi, lam=spec.ibpo.lam)
     lengths = rollout.response_len.astype(jnp.float32)
     return {
         "reward_mean": jnp.mean(rollout.reward),
         "reward_var": jnp.var(rollout.reward),
         "accuracy": jnp.mean(rollout.correct.astype(jnp.float32)),
-        # mean φ over wrong responses of groups with a correct one (elsewhere φ = 0 by definition)
+        # mean φ over the responses φ scores
         "phi_mean": jnp.sum(jnp.where(wrong_scored, phi, 0.0))
         / jnp.maximum(jnp.sum(wrong_scored), 1),
         "cov_y_phi": pooled["cov_y_phi"],
