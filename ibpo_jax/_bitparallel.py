@@ -172,7 +172,7 @@ def _column_counts(x, r_pad, s, base, part, nin_s):
     return _shift_up(part, nin_s) + cnt
 
 
-def lcs_words(a, b, a_len, b_len, col_bits=None):
+def lcs_words(a, b, a_len, b_len, col_bits=None, count_from=None):
     """Final Hyyrö LCS state words. a [P, La], b [P, Lb] int32; a_len, b_len [P] int32.
 
     Returns V [n_words, P] uint32 (31 payload bits each): bit i of the pattern is
@@ -180,7 +180,9 @@ def lcs_words(a, b, a_len, b_len, col_bits=None):
     counts [Lb + ks - 1, P] uint32 (rows >= Lb are padding): counts[c] = the number of ones among
     the low col_bits[:, c] bits of V right after text column c, so that
     LCS(a[:r], b[:c + 1]) = r - counts[c] for r = col_bits[:, c] (one popcount per word and
-    column, summed up the stripes like the carry; no per-column copy of V is kept).
+    column, summed up the stripes like the carry; no per-column copy of V is kept). Only the
+    columns from `count_from` (an int32 scalar, default 0) on are counted, the others read 0:
+    the steps before it skip the popcount.
     """
     n_pairs = a.shape[0]
     ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
@@ -192,22 +194,23 @@ def lcs_words(a, b, a_len, b_len, col_bits=None):
         table, ids_pad = _stripe_setup(ra, rb, q, ks)  # id 0 = no match outside the text
         base = (q * ks + jnp.arange(ks))[:, None] * _BITS
 
-        def step(state, s):
-            x, part = state
+        def update(x, s):
             pm = _skewed_gather(table, ids_pad, s, ks)
             v = x & _M31
             u = v & pm
             # V' = (V + U + c) | (V - U); U is a subset of V so V - U = V & ~U. The sum of two
             # 31-bit words and a carry fits 32 bits: bit 31 is the carry for the word above.
-            x = (v + u + _shift_up(x >> 31, cin[s])) | (v & ~u)
-            if not count:
-                return (x, part), (x[ks - 1] >> 31, part)
-            part = _column_counts(x, r_pad, s, base, part, nin[s])
-            return (x, part), (x[ks - 1] >> 31, part[ks - 1])
+            return (v + u + _shift_up(x >> 31, cin[s])) | (v & ~u)
 
         x0 = jnp.full((ks, n_pairs), _M31, jnp.uint32)
-        part0 = jnp.zeros((ks, n_pairs) if count else (), jnp.uint32)
-        (x, _), (cout, nout) = lax.scan(step, (x0, part0), jnp.arange(steps))
+        if count:
+            x, cout, nout = _counted_scan(update, x0, steps, count_from, lambda x, part, s: (
+                _column_counts(x, r_pad, s, base, part, nin[s])))
+        else:
+            def step(x, s):
+                x = update(x, s)
+                return x, x[ks - 1] >> 31
+            x, cout = lax.scan(step, x0, jnp.arange(steps))
         # the top word handled column s - (ks - 1) at step s
         tail = jnp.zeros((ks - 1, n_pairs), jnp.uint32)
         cin = jnp.concatenate([cout[ks - 1:], tail])
@@ -220,6 +223,42 @@ def lcs_words(a, b, a_len, b_len, col_bits=None):
             jnp.zeros((n_stripes * ks, n_pairs), jnp.uint32))
     _, counts, words = lax.fori_loop(0, n_stripes, stripe, init)
     return (words, counts) if count else words
+
+
+def _put(buf, row, s):
+    """buf[s] = row as an in-place dynamic-update-slice (`.at[s].set` would be a scatter, which
+    XLA:CPU runs about 2x slower inside the loop)."""
+    return lax.dynamic_update_index_in_dim(buf, row, s, axis=0)
+
+
+def _counted_scan(update, x0, steps, count_from, counts):
+    """The stripe's scan when columns are counted: steps [0, count_from) run `update` alone,
+    the rest also carry the partial counts (`counts(x, part, s)`). Step s handles column s - k
+    in word k, so every column >= count_from is counted in full. Returns (x, carries out of the
+    top word [steps, P], counts out of the top word [steps, P]; 0 before count_from).
+
+    Both outputs share one [steps, 2P] buffer: two carried buffers made XLA:CPU's loop ~1.5x
+    slower than lax.scan's, one is level with it.
+    """
+    ks, n_pairs = x0.shape
+    start = jnp.clip(jnp.asarray(0 if count_from is None else count_from, jnp.int32), 0, steps)
+    zero = jnp.zeros((n_pairs,), jnp.uint32)
+
+    def plain(s, st):
+        x, buf = st
+        x = update(x, s)
+        return x, _put(buf, jnp.concatenate([x[ks - 1] >> 31, zero]), s)
+
+    def counted(s, st):
+        x, part, buf = st
+        x = update(x, s)
+        part = counts(x, part, s)
+        return x, part, _put(buf, jnp.concatenate([x[ks - 1] >> 31, part[ks - 1]]), s)
+
+    buf = jnp.zeros((steps, 2 * n_pairs), jnp.uint32)
+    x, buf = lax.fori_loop(0, start, plain, (x0, buf))
+    x, _, buf = lax.fori_loop(start, steps, counted, (x, jnp.zeros_like(x0), buf))
+    return x, buf[:, :n_pairs], buf[:, n_pairs:]
 
 
 def _low_bits_mask(n_words, length):
@@ -244,26 +283,46 @@ def _lcs_first_error_chunk(a, b, a_len, b_len):
     return lcs, first_error
 
 
-def greedy_embedding(a, b, a_len, b_len):
+def greedy_embedding(a, b, a_len, b_len, block=16):
     """Leftmost embedding of a's prefixes in b: one scan over b's columns.
 
     a [P, La], b [P, Lb] int32; a_len, b_len [P]. Returns q [P, La + 1] int32 with q[:, k] the
     end of the greedy embedding of a[:k] in b[:b_len] (q[:, 0] = 0; -1 where a[:k] is not a
     subsequence of b), and f [P] = max{k : a[:k] is a subsequence of b} (the prefix rule).
+
+    The columns go `block` at a time: k advances at most once per column, so the block's symbols
+    a[k : k + block + 1] are gathered once and each column picks the one it needs by a masked
+    sum over that window. A gather per column cost 3-4x more: XLA:CPU's gathers do not vectorize.
     """
     n_pairs, n_a = a.shape
+    n_b = b.shape[1]
+    n_blocks = -(-n_b // block)
+    cols = jnp.arange(n_blocks * block, dtype=jnp.int32)
+    live = cols[:, None] < b_len[None, :]  # [columns, P]
+    b_t = jnp.pad(b.T, ((0, n_blocks * block - n_b), (0, 0)))
+    span = jnp.arange(block + 1)
+
+    def columns(k, xs):
+        b_blk, live_blk = xs  # [block, P]
+        window = jnp.take_along_axis(a, jnp.minimum(k[:, None] + span, n_a - 1), axis=1)
+        k0 = k
+
+        def column(k, x):
+            bj, lj = x
+            need = jnp.sum(jnp.where(span == (k - k0)[:, None], window, 0), axis=1)  # a[k]
+            hit = lj & (k < a_len) & (bj == need)
+            k = k + hit.astype(jnp.int32)
+            return k, jnp.where(hit, k, n_a + 1)  # n_a + 1: dropped by the scatter below
+
+        return lax.scan(column, k, (b_blk, live_blk))
+
+    shape = (n_blocks, block, n_pairs)
+    f, reached = lax.scan(columns, jnp.zeros((n_pairs,), jnp.int32),
+                          (b_t.reshape(shape), live.reshape(shape)))
+    reached = reached.reshape(n_blocks * block, n_pairs)[:n_b]
     pp = jnp.arange(n_pairs)
-
-    def column(k, xs):
-        bj, p = xs
-        hit = (k < a_len) & (p < b_len) & (bj == a[pp, jnp.minimum(k, n_a - 1)])
-        k = k + hit.astype(jnp.int32)
-        return k, jnp.where(hit, k, n_a + 1)  # n_a + 1: dropped by the scatter below
-
-    cols = jnp.arange(b.shape[1], dtype=jnp.int32)
-    f, reached = lax.scan(column, jnp.zeros((n_pairs,), jnp.int32), (b.T, cols), unroll=8)
     q = jnp.full((n_pairs, n_a + 1), -1, jnp.int32).at[:, 0].set(0)
-    q = q.at[pp[None, :], reached].set(jnp.broadcast_to(cols[:, None] + 1, reached.shape),
+    q = q.at[pp[None, :], reached].set(jnp.broadcast_to(cols[:n_b, None] + 1, reached.shape),
                                          mode="drop")
     return q, f
 
@@ -289,7 +348,11 @@ def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None):
     live = (k >= 0) & (k <= f[:, None])  # q_k is defined exactly for k <= f
     q_k = jnp.take_along_axis(q, jnp.clip(k, 0, n_a), axis=1)
     r = jnp.where(live, b_len[:, None] - q_k, 0)  # bits of reversed b that stand for b[q_k:]
-    v, counts = lcs_words(_reverse(b, b_len), _reverse(a, a_len), b_len, a_len, col_bits=r)
+    # only the columns of live k are read; pairs whose a embeds whole (f = a_len) need none
+    needed = (a_len > 0) & (f < a_len)
+    count_from = jnp.min(jnp.where(needed, a_len - 1 - f, n_a))
+    v, counts = lcs_words(_reverse(b, b_len), _reverse(a, a_len), b_len, a_len, col_bits=r,
+                          count_from=count_from)
     lcs = b_len - _popcount(v & _low_bits_mask(v.shape[0], b_len))
     rest = r - counts[:n_a].T.astype(jnp.int32)  # LCS(a[k:], b[q_k:])
     ok = live & (k + rest == lcs[:, None])

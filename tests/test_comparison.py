@@ -180,6 +180,17 @@ def test_first_error_follows_the_optimal_alignment():
     assert tuple(map(int, _lcs1(c, d, 4, 3))) == (3, 0)
     assert tuple(map(int, _lcs1(c, d, 4, 3, alignment="prefix"))) == (3, 2)
     assert alignment_ref([1, 2, 1, 2], [2, 1, 2]) == (3, 0)
+    # a substitution after a right prefix: e = f = 3. The backward pass counts only from the
+    # column of a[f] on (the first column it reads), so this pins where the counting starts.
+    # In a batch it starts at the earliest such column of all pairs.
+    s, t = jnp.array([1, 2, 3, 9, 4, 5]), jnp.array([1, 2, 3, 7, 4, 5])
+    assert tuple(map(int, _lcs1(s, t, 6, 6))) == (5, 3)
+    assert alignment_ref([1, 2, 3, 9, 4, 5], [1, 2, 3, 7, 4, 5]) == (5, 3)
+    u = jnp.array([1, 2, 3, 9, 4, 0])  # f = 5: its count starts at the first column
+    assert alignment_ref([1, 2, 3, 9, 4, 5], [1, 2, 3, 9, 4, 0]) == (5, 5)
+    pair = jax.vmap(C.lcs_first_error)(jnp.stack([s, s]), jnp.stack([t, u]), jnp.array([6, 6]),
+                                       jnp.array([6, 6]))
+    assert np.asarray(pair).tolist() == [[5, 5], [3, 5]]
     # a fully embedded a: e = n under both rules
     assert tuple(map(int, _lcs1(jnp.array([1, 3]), jnp.array([1, 2, 3]), 2, 3))) == (2, 2)
     with pytest.raises(ValueError, match="ibpo.alignment"):

@@ -1,7 +1,9 @@
 """Bit-parallel comparison kernels vs rapidfuzz (C++), in one process on the same pairs.
 
-For each configuration (64 pairs of length 4000 and 16 pairs of length 16,000; ids drawn from a
-Zipf law over the 151,936-token Qwen vocabulary) it times
+For each configuration (64 pairs of length 4000 and 16 pairs of length 16,000, ids drawn from a
+Zipf law over the 151,936-token Qwen vocabulary; and 64 "edited" pairs of length 4000, where b
+is a with 2 % of its units redrawn, the case of a wrong response that copies most of a correct
+one, where the alignment rule has the most counting to do) it times
   ours:      jax.jit(jax.vmap(f)), one call over all pairs, for f = comparison.lcs_first_error
              with alignment="lcs" (the default first error, DESIGN §2: LCS and the alignment's
              first unmatched unit), with alignment="prefix" (v1: LCS and the longest embedded
@@ -13,7 +15,9 @@ checks that both give identical LCS / distances (and that the alignment's first 
 exceeds the prefix rule's, as DESIGN §2 implies), and prints one JSON line per configuration with
 cells/s (cells = sum of len(a) * len(b)), ratio = ours / rapidfuzz (> 1: we are faster) and
 lcs_over_prefix = run time of the "lcs" rule / run time of the "prefix" rule (the extra work
-of the alignment: a masked popcount per word and column plus one greedy-embedding scan). The
+of the alignment: one greedy-embedding scan, plus a masked popcount per word and text column
+from column a_len - 1 - f on, f = the prefix rule's first error, printed as
+prefix_rule_f_median). The
 load average (`os.getloadavg`) is printed with each line: the machine may be shared.
 
     python experiments/benchmarks/bench_lcs.py [--repeats 5] [--quick]
@@ -36,16 +40,21 @@ from rapidfuzz.distance import LCSseq, Levenshtein
 from ibpo_jax import comparison, hostmem
 
 VOCAB = 151_936
-CONFIGS = ((64, 4000), (16, 16_000))
+CONFIGS = ((64, 4000, "zipf"), (16, 16_000, "zipf"), (64, 4000, "edited"))
 
 
-def zipf_pairs(n_pairs: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two [n_pairs, length] int32 arrays of ids with P(rank r) ∝ 1/r."""
+def zipf_pairs(n_pairs: int, length: int, seed: int, kind: str = "zipf",
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Two [n_pairs, length] int32 arrays of ids with P(rank r) ∝ 1/r: independent draws
+    ("zipf"), or b = a with 2 % of the units redrawn ("edited")."""
     rng = np.random.default_rng(seed)
     p = 1.0 / np.arange(1, VOCAB + 1)
     p /= p.sum()
     draw = lambda: rng.choice(VOCAB, size=(n_pairs, length), p=p).astype(np.int32)  # noqa: E731
-    return draw(), draw()
+    a, b = draw(), draw()
+    if kind == "edited":
+        b = np.where(rng.random(a.shape) < 0.02, b, a)
+    return a, b
 
 
 def _timed(fn, repeats: int) -> tuple[float, float, object]:
@@ -61,13 +70,13 @@ def _timed(fn, repeats: int) -> tuple[float, float, object]:
     return first, float(np.median(times)), out
 
 
-def bench(n_pairs: int, length: int, repeats: int) -> dict:
-    a, b = zipf_pairs(n_pairs, length, seed=length)
+def bench(n_pairs: int, length: int, kind: str, repeats: int) -> dict:
+    a, b = zipf_pairs(n_pairs, length, seed=length, kind=kind)
     lens = np.full((n_pairs,), length, np.int32)
     cells = float(n_pairs) * length * length
     qa, qb = a.tolist(), b.tolist()
     dev = [jax.device_put(x) for x in (a, b, lens, lens)]
-    result = {"pairs": n_pairs, "length": length, "cells": cells}
+    result = {"pairs": n_pairs, "length": length, "kind": kind, "cells": cells}
     prefix = functools.partial(comparison.lcs_first_error, alignment="prefix")
     outs = {}
     for name, ours_fn, scorer in (
@@ -94,6 +103,8 @@ def bench(n_pairs: int, length: int, repeats: int) -> dict:
     if np.any(np.asarray(outs["lcs"][1]) > np.asarray(outs["lcs_prefix"][1])):
         raise AssertionError("alignment first error past the prefix rule's")
     result["lcs_over_prefix"] = result["lcs"]["ours_run_s"] / result["lcs_prefix"]["ours_run_s"]
+    # how far the prefix rule's embedding reaches: the alignment rule counts from a_len - 1 - f
+    result["prefix_rule_f_median"] = float(np.median(np.asarray(outs["lcs_prefix"][1])))
     result["load_avg"] = os.getloadavg()
     return result
 
@@ -104,12 +115,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="smaller pairs (smoke test)")
     args = parser.parse_args()
     hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
-    configs = ((8, 1000), (4, 2000)) if args.quick else CONFIGS
+    configs = ((8, 1000, "zipf"), (4, 2000, "edited")) if args.quick else CONFIGS
     env = {"jax": jax.__version__, "backend": jax.default_backend(),
            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
            "xla_flags": os.environ.get("XLA_FLAGS", "")}
-    for n_pairs, length in configs:
-        print(json.dumps({"bench": "lcs", **bench(n_pairs, length, args.repeats), "env": env}),
+    for n_pairs, length, kind in configs:
+        print(json.dumps({"bench": "lcs", **bench(n_pairs, length, kind, args.repeats),
+                          "env": env}),
               flush=True)
 
 
