@@ -2,7 +2,8 @@
 
 Three batch kernels: `lcs_first_error_batch` (LCS and the v1 prefix rule's first error),
 `lcs_alignment_batch` (LCS and the first unit left unmatched by an optimal alignment: one
-backward LCS pass that also counts, per text column, the state bits under a per-column budget)
+backward LCS pass that also counts, per text column it needs, the state bits under a
+per-column budget)
 and `levenshtein_batch`.
 
 The kernels compare a *pattern* `a` (bit k of the state stands for a[k]) with a *text* `b`
@@ -443,8 +444,10 @@ def lcs_alignment_batch(a, b, a_len, b_len):
     """LCS(a[:a_len], b[:b_len]) and the first unit of a left unmatched by an optimal LCS
     alignment, the latest among optimal alignments (DESIGN §2, alignment="lcs"):
     e = max{k : q_k defined and k + LCS(a[k:], b[q_k:]) = LCS(a, b)}, q_k the end of the greedy
-    embedding of a[:k] in b. Same shapes as lcs_first_error_batch. Cost: one LCS pass with a
-    masked popcount per word and column, plus one scan over b for the greedy embedding.
+    embedding of a[:k] in b. Same shapes as lcs_first_error_batch. Cost: one LCS pass, with a
+    masked popcount per word and column from column a_len - 1 - f on (the earliest in a chunk
+    of pairs; f = the prefix rule's first error), plus one scan over b for the greedy
+    embedding.
     """
     # the greedy scan is cheap per column: one scan over all pairs, not one per chunk
     q, f = greedy_embedding(a, b, a_len, b_len)

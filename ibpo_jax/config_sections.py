@@ -95,9 +95,8 @@ class _Section:
                       f"must be 0 (greedy) or >= {MIN_TEMPERATURE}")
 
     def _unit(self, name: str, *, open_high: bool = False) -> None:
-        x = getattr(self, name)
-        ok = 0 <= x < 1 if open_high else 0 <= x <= 1
-        self._require(name, ok, "must be in [0, 1)" if open_high else "must be in [0, 1]")
+        x, top = getattr(self, name), ")" if open_high else "]"
+        self._require(name, 0 <= x < 1 if open_high else 0 <= x <= 1, f"must be in [0, 1{top}")
 
 
 @dataclasses.dataclass(frozen=True)
