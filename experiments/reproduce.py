@@ -4,7 +4,8 @@
                                          [--out DIR] [--only LABEL,...]
 
 ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, sizes, group_size,
-optimizers, appendix_a, appendix_b, cancellation, variants, credit) or `all`.
+optimizers, appendix_a, appendix_b, cancellation, variants, credit), several of them joined by
+commas (`variants,appendix_a`: their runs train as one pool, `--jobs` at a time), or `all`.
 
 Each training run goes to runs/reproduce/<task>/<run name>_s<seed>/ (the trainer's own
 workdir: a killed run resumes from its last checkpoint). When a run finishes, its compact
@@ -104,6 +105,8 @@ def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return workdir, 0.0, BUSY
+        if compact(workdir, cmd) is not None:  # another driver finished it while we queued
+            return workdir, 0.0, ""
         with open(log_path, "a") as log:
             proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     err = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log_path}"
@@ -173,24 +176,29 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
                          f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
-    written = []
+    plan = []  # (item, its runs, seeds, command, why it cannot run)
     for name in names:
         item = items_lib.ITEMS[name]
         n_seeds = 1 if smoke else (seeds or item.min_seeds)
         cmd = f"python -m experiments.reproduce {name} --task {task}" + (
             f" --seeds {seeds}" if seeds else "") + (" --smoke" if smoke else "")
-        if name == "credit":  # a probe of the base policy, no training run
+        plan.append((item, item.runs[:1] if smoke else item.runs, n_seeds, cmd, item.missing()))
+    # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
+    # items instead of idling at the end of each.
+    jobs = {}
+    for item, runs, n_seeds, _, why in plan:
+        if item.name != "credit" and not why:
+            jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
+                         if not only or r.label in only})
+    ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra, runs_dir=runs_dir,
+                records_dir=records_dir, parallel=parallel)
+    written = []
+    for item, runs, n_seeds, cmd, why in plan:
+        if item.name == "credit":  # a probe of the base policy, no training run
             written += credit_probe.reproduce(
                 preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
                 out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES)
             continue
-        why = item.missing()
-        runs = item.runs[:1] if smoke else item.runs
-        if not why:
-            train = [r for r in runs if not only or r.label in only]
-            ensure_runs([(r, s) for s in range(n_seeds) for r in train], task=task, preset=preset,
-                        extra=extra, runs_dir=runs_dir, records_dir=records_dir,
-                        parallel=parallel)
         written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
                                      out_dir=out / task, command=cmd, missing=why)
     written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
@@ -199,7 +207,8 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("item", choices=(*items_lib.ORDER, "all"))
+    p.add_argument("item", help=f"one of {', '.join(items_lib.ORDER)}, several joined by "
+                   "commas (their runs train as one pool), or all")
     p.add_argument("--task", choices=tuple(TASKS), default="arith")
     p.add_argument("--seeds", type=int, default=None, help="default: the item's minimum (2-3)")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once")
@@ -210,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
-    names = list(items_lib.ORDER) if args.item == "all" else [args.item]
+    names = list(items_lib.ORDER) if args.item == "all" else args.item.split(",")
+    if bad := [n for n in names if n not in items_lib.ITEMS]:
+        p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(items_lib.ORDER)}, all")
     for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
                           smoke=args.smoke, out=out,
                           only=tuple(x for x in args.only.split(",") if x)):

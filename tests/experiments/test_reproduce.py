@@ -101,6 +101,12 @@ def test_only_names_runs_of_the_items():
                             out=Path("/nonexistent"), only=("SCoRe",))
 
 
+def test_items_join_by_commas_and_an_unknown_one_is_named(capsys):
+    with pytest.raises(SystemExit):
+        reproduce.main(["curves,tabel1", "--smoke"])
+    assert "unknown item tabel1; valid: table1, " in capsys.readouterr().err
+
+
 def test_a_run_another_driver_trains_is_left_alone(tmp_path):
     import fcntl
 
@@ -115,6 +121,15 @@ def test_a_run_another_driver_trains_is_left_alone(tmp_path):
     workdir, seconds, err = reproduce._train(
         ([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], tmp_path / "w", log))
     assert err == "" and marker.exists()
+    # finished by the other driver while this one waited: not started again
+    done = tmp_path / "w"
+    done.mkdir()
+    (done / "config.json").write_text(json.dumps({"train": {"steps": 1, "budget": 0}}))
+    (done / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_accuracy": 0.5}) + "\n")
+    marker.unlink()
+    workdir, seconds, err = reproduce._train(
+        ([sys.executable, "-c", f"open({str(marker)!r}, 'w')"], done, log))
+    assert err == "" and not marker.exists()
 
 
 def test_credit_probe_majority_ties_go_to_the_earliest():
