@@ -50,6 +50,8 @@ _MAX_KS = 32
 # larger batches run as a sequence of chunks of this many pairs (per-stripe set-up is O(P La));
 # 32 measured ~10% faster than 16 or 64 for both kernels on 64 x 4000
 _CHUNK_PAIRS = 32
+# columns per window of the greedy embedding's scan (one gather of a's symbols per window)
+_GREEDY_BLOCK = 16
 
 
 def _stripe_words(n_pairs: int, n_words: int) -> tuple[int, int]:
@@ -284,19 +286,20 @@ def _lcs_first_error_chunk(a, b, a_len, b_len):
     return lcs, first_error
 
 
-def greedy_embedding(a, b, a_len, b_len, block=16):
+def greedy_embedding(a, b, a_len, b_len):
     """Leftmost embedding of a's prefixes in b: one scan over b's columns.
 
     a [P, La], b [P, Lb] int32; a_len, b_len [P]. Returns q [P, La + 1] int32 with q[:, k] the
     end of the greedy embedding of a[:k] in b[:b_len] (q[:, 0] = 0; -1 where a[:k] is not a
     subsequence of b), and f [P] = max{k : a[:k] is a subsequence of b} (the prefix rule).
 
-    The columns go `block` at a time: k advances at most once per column, so the block's symbols
-    a[k : k + block + 1] are gathered once and each column picks the one it needs by a masked
-    sum over that window. A gather per column cost 3-4x more: XLA:CPU's gathers do not vectorize.
+    The columns go `_GREEDY_BLOCK` at a time: k advances at most once per column, so the block's
+    symbols a[k : k + _GREEDY_BLOCK + 1] are gathered once and each column picks the one it
+    needs by a masked sum over that window. A gather per column cost 3-4x more: XLA:CPU's
+    gathers do not vectorize.
     """
     n_pairs, n_a = a.shape
-    n_b = b.shape[1]
+    n_b, block = b.shape[1], _GREEDY_BLOCK
     n_blocks = -(-n_b // block)
     cols = jnp.arange(n_blocks * block, dtype=jnp.int32)
     live = cols[:, None] < b_len[None, :]  # [columns, P]
