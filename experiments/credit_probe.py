@@ -102,6 +102,7 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     total: dict[str, list[int]] = {}
     with tempfile.TemporaryDirectory() as workdir:
         trainer = loop.Trainer(cfg, workdir, log=lambda *_: None)
+        base = json.loads((Path(workdir) / "base.json").read_text())
         try:
             for k in range(batches):
                 with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
@@ -110,7 +111,8 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
                     total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
         finally:
             trainer.close()
-    return {"preset": preset, "overrides": overrides, "batches": batches, "counts": total}
+    return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
+            "counts": total}
 
 
 def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_dir: Path,

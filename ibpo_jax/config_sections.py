@@ -478,7 +478,8 @@ class WarmStartConfig(_Section):
     warmup_steps: int = 50
     """Linear warm-up of the warm start; < steps."""
     cache_dir: str = ""
-    """"" = <data_dir>/warm_start."""
+    """"" = the base committed in experiments/warm_starts/ if it matches, else
+    <data_dir>/warm_start."""
     followups: bool = False
     """Also teach the second-round prompt formats (data/followups.py: corrections, SCoRe's
     retry), which an instruct LLM follows zero-shot: steps // 4 extra steps on them."""

@@ -6,7 +6,7 @@
     python notebooks/make_appendix_a.py --export runs/reproduce/arith/ibpo_gspo_s*
 
 The notebook reads run directories (or the compact records committed under
-experiments/results/runs/appendix_a/): `config.json`, `metrics.jsonl` (the `pg_var*`,
+experiments/results/legacy/runs/appendix_a/): `config.json`, `metrics.jsonl` (the `pg_var*`,
 `cov_y_phi`, `lambda_max`, `first_error_agreement` keys logged every
 `diagnostics.grad_var_every` steps) and `appendix_a.jsonl` (per-row reward, φ, first error and
 the checker's true first wrong step at those steps). It is executed here with its outputs and
@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_RUNS = "experiments/results/runs/appendix_a/*"
+DEFAULT_RUNS = "experiments/results/legacy/runs/appendix_a/*"
 
 CELLS = [
     ("markdown", """# Appendix A, measured
@@ -51,7 +51,7 @@ import numpy as np
 
 from ibpo_jax import advantages
 
-RUNS = os.environ.get("APPENDIX_A_RUNS", "experiments/results/runs/appendix_a/*")
+RUNS = os.environ.get("APPENDIX_A_RUNS", "experiments/results/legacy/runs/appendix_a/*")
 FIG_DIR = Path(os.environ.get("APPENDIX_A_FIG_DIR", "notebooks"))
 dirs = sorted(d for d in glob.glob(RUNS) if Path(d, "metrics.jsonl").exists())
 assert dirs, f"no run directories match {RUNS!r}"
@@ -89,9 +89,13 @@ for r in runs:
     neg += sum(c < 0 for c in cov)
     total += len(cov)
 ax.axhline(0, color="k", lw=0.8)
-ax.set_xlabel("RL step"); ax.set_ylabel("pooled Cov(Y, φ)"); ax.legend(fontsize=7)
+ax.set_xlabel("RL step")
+ax.set_ylabel("pooled Cov(Y, φ)")
+ax.legend(fontsize=7)
 ax.set_title("Claim (i): Cov(Y, φ) per logged step")
-fig.tight_layout(); fig.savefig(FIG_DIR / "appendix_a_cov.png", dpi=110); plt.show()
+fig.tight_layout()
+fig.savefig(FIG_DIR / "appendix_a_cov.png", dpi=110)
+plt.show()
 claim_i = neg == total and total > 0
 print(f"Cov(Y, φ) < 0 at {neg} of {total} logged steps -> claim (i) "
       f"{'holds' if claim_i else 'does not hold'} here")"""),
@@ -111,12 +115,19 @@ for r in runs:
     axes[1].plot(s, v / v0, marker="o", ms=3, label=r["name"])
     axes[2].plot(s, (v / m) / (v0 / m0), marker="o", ms=3, label=r["name"])
     per_run.append((np.mean(v / v0), np.mean((v / m) / (v0 / m0))))
-axes[0].set_title("PG variance"); axes[0].set_xlabel("RL step"); axes[0].legend(fontsize=6)
-axes[1].axhline(1, color="k", lw=0.8); axes[1].axhline(0.7, color="r", lw=0.8, ls=":")
-axes[1].set_title("pg_var / pg_var_gspo (red: the paper's 0.7)"); axes[1].set_xlabel("RL step")
+axes[0].set_title("PG variance")
+axes[0].set_xlabel("RL step")
+axes[0].legend(fontsize=6)
+axes[1].axhline(1, color="k", lw=0.8)
+axes[1].axhline(0.7, color="r", lw=0.8, ls=":")
+axes[1].set_title("pg_var / pg_var_gspo (red: the paper's 0.7)")
+axes[1].set_xlabel("RL step")
 axes[2].axhline(1, color="k", lw=0.8)
-axes[2].set_title("(var / ‖ḡ‖²) ratio: noise relative to signal"); axes[2].set_xlabel("RL step")
-fig.tight_layout(); fig.savefig(FIG_DIR / "appendix_a_pg_variance.png", dpi=110); plt.show()
+axes[2].set_title("(var / ‖ḡ‖²) ratio: noise relative to signal")
+axes[2].set_xlabel("RL step")
+fig.tight_layout()
+fig.savefig(FIG_DIR / "appendix_a_pg_variance.png", dpi=110)
+plt.show()
 ratios = np.array([p[0] for p in per_run])
 snr = np.array([p[1] for p in per_run])
 sd = lambda x: x.std(ddof=1) if len(x) > 1 else float("nan")
@@ -150,8 +161,10 @@ if recs:
         bins = np.linspace(min(a.min(), a0.min()), max(a.max(), a0.max()), 41)
         ax.hist(a0, bins, alpha=0.5, label=f"λ = 0: var {a0.var():.3f}")
         ax.hist(a, bins, alpha=0.5, label=f"IBPO: var {a.var():.3f}")
-        ax.set_title(t); ax.legend(fontsize=8)
-fig.tight_layout(); plt.show()"""),
+        ax.set_title(t)
+        ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()"""),
     ("markdown", """## λ_max against the run's λ
 Theorem A.2: the unnormalized advantage variance drops iff 0 < λ < λ_max = 2C / V_φ (pooled)."""),
     ("code", """fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -159,8 +172,11 @@ for r in runs:
     s = [x["step"] for x in r["diag"]]
     ax.plot(s, [x["lambda_max"] for x in r["diag"]], marker="o", ms=3, label=r["name"])
 ax.axhline(runs[0]["cfg"]["ibpo"]["lam"], color="r", ls=":", label="the runs' λ")
-ax.set_xlabel("RL step"); ax.set_ylabel("pooled λ_max"); ax.legend(fontsize=7)
-fig.tight_layout(); plt.show()
+ax.set_xlabel("RL step")
+ax.set_ylabel("pooled λ_max")
+ax.legend(fontsize=7)
+fig.tight_layout()
+plt.show()
 lmax = np.array([x["lambda_max"] for r in runs for x in r["diag"]])
 print(f"λ_max: median {np.median(lmax):.2f}, range [{lmax.min():.2f}, {lmax.max():.2f}]; "
       f"λ = {runs[0]['cfg']['ibpo']['lam']}")"""),
@@ -178,16 +194,21 @@ for r, rec in recs:
             by_step.setdefault(min(t, 6), []).append(phi)
 if by_step:
     keys = sorted(by_step)
-    axes[0].boxplot([by_step[k] for k in keys], tick_labels=[str(k) if k < 6 else "6+" for k in keys])
-    axes[0].set_xlabel("checker's first wrong step"); axes[0].set_ylabel("φ")
+    axes[0].boxplot([by_step[k] for k in keys],
+                    tick_labels=[str(k) if k < 6 else "6+" for k in keys])
+    axes[0].set_xlabel("checker's first wrong step")
+    axes[0].set_ylabel("φ")
 for r in runs:
     pts = [(x["step"], x["first_error_agreement"]) for x in r["rows"]
            if "first_error_agreement" in x]
     if pts:
         axes[1].plot(*zip(*pts), lw=0.8, label=r["name"])
-axes[1].set_ylim(0, 1.02); axes[1].set_xlabel("RL step"); axes[1].set_title("first-error agreement")
+axes[1].set_ylim(0, 1.02)
+axes[1].set_xlabel("RL step")
+axes[1].set_title("first-error agreement")
 axes[1].legend(fontsize=7)
-fig.tight_layout(); plt.show()
+fig.tight_layout()
+plt.show()
 agree = [x["first_error_agreement"] for r in runs for x in r["rows"]
          if "first_error_agreement" in x]
 print(f"first-error agreement: {np.mean(agree):.3f} over {len(agree)} steps" if agree else

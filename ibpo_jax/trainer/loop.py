@@ -127,6 +127,10 @@ class Trainer:
         self.task, self.eval_task, eval_split = train_and_eval_tasks(cfg, self.tokenizer)
         self.base = policy.load_base(cfg, task=self.task, tokenizer=self.tokenizer,
                                      mesh=self.mesh, log=self.say)
+        if self.is_main:  # which base this run's numbers are relative to (README, records)
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            (self.workdir / "base.json").write_text(json.dumps(
+                policy.base_identity(cfg, self.tokenizer.vocab_size)) + "\n")
         self.spec = step.StepSpec.from_config(cfg, self.base.config, self.base.options)
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)

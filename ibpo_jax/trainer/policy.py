@@ -1,9 +1,10 @@
 """Where the base policy comes from: a local HF checkpoint, a cached warm start, or random.
 
-For the embedded `arith` task there is no pretrained checkpoint, so the default config first
-runs a short supervised warm start on the task's reference solutions (`warm_start.run`) and
-caches the result as an HF directory keyed by everything that determines it; later runs (any
-RL seed or algorithm) reuse it. RL then starts from a policy with non-trivial accuracy.
+For the embedded `arith` task there is no pretrained checkpoint, so the default config starts
+from a supervised warm start on the task's reference solutions (`warm_start.run`), an HF
+directory keyed by everything that determines it: the presets' bases are committed under
+experiments/warm_starts/; any other is warm-started once and cached, and later runs (any RL
+seed or algorithm) reuse it. RL then starts from a policy with non-trivial accuracy.
 """
 
 from __future__ import annotations
@@ -47,8 +48,16 @@ def data_dir(cfg: RunConfig) -> Path:
                 or Path.home() / ".cache" / "ibpo_jax")
 
 
+# Bases committed with the source: a warm start is not bit-for-bit portable between hosts
+# (README, "Every run starts from a committed base"), so a checkout starts the presets'
+# defaults from the same base everywhere, and without spending minutes on warm-starting it.
+COMMITTED = Path(__file__).resolve().parents[2] / "experiments" / "warm_starts"
+
+
 def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
-    """Cache directory of the warm-started base policy: a hash of what determines it."""
+    """Directory of the warm-started base policy, named by a hash of what determines it:
+    under `warm_start.cache_dir` if set, else the committed one if it exists, else under the
+    data dir (where a missing one is warm-started and cached)."""
     key = json.dumps(
         dict(
             # (max_value only when set: bases cached before it existed keep their keys)
@@ -62,10 +71,25 @@ def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
         ),
         sort_keys=True,
     )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    root = (Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir
-            else data_dir(cfg) / "warm_start")
-    return root / f"{cfg.task.name}_{digest}"
+    name = f"{cfg.task.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if cfg.warm_start.cache_dir:
+        return Path(cfg.warm_start.cache_dir) / name
+    if (COMMITTED / name / "config.json").exists():
+        return COMMITTED / name
+    return data_dir(cfg) / "warm_start" / name
+
+
+def base_identity(cfg: RunConfig, vocab_size: int) -> dict[str, str]:
+    """Which base policy a run starts from: a warm start's directory name and the sha256 of its
+    weights (hosts with different floating point warm-start different bases from the same
+    config, and runs on different bases do not compare), else the checkpoint path."""
+    if cfg.model.checkpoint:
+        return {"source": cfg.model.checkpoint}
+    if not cfg.warm_start.enabled:
+        return {"source": f"random init, seed {cfg.seed}"}
+    path = warm_start_dir(cfg, vocab_size)
+    weights = (path / "model.safetensors").read_bytes()
+    return {"source": path.name, "sha256": hashlib.sha256(weights).hexdigest()[:16]}
 
 
 def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> models.Qwen3LM:

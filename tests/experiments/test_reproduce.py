@@ -60,6 +60,12 @@ def test_summary_links_every_item_and_records_are_compact(smoke_out):
     assert records and all(r.stat().st_size < 20_000 for r in records)
     rec = json.loads(records[0].read_text())
     assert rec["command"].startswith("-m ibpo_jax.train") and rec["rows"][-1]["eval_accuracy"] >= 0
+    # Each record names the base it started from (the smoke warm start) and the host's CPU.
+    for r in records:
+        base = json.loads(r.read_text())["base"]
+        assert re.fullmatch(r"arith_[0-9a-f]{12}", base["source"]), base
+        assert re.fullmatch(r"[0-9a-f]{16}", base["sha256"]), base
+    assert rec["cpu"]
     # Shared runs are trained once: GSPO serves several items.
     assert stdout.count(" gspo_s0:") == 1
 
@@ -77,6 +83,15 @@ def test_compare_rule_by_hand():
     assert report.compare([0.30, 0.31, 0.29], [0.5, 0.52, 0.51]) == "lower"
     assert report.compare([0.5, 0.6], [0.52, 0.58]) == "level"
     assert report.compare([0.5], [0.4]).startswith("n/a")
+
+
+def test_variants_are_judged_against_gspo_with_the_same_normalization():
+    s = {"GSPO": [0.50, 0.51, 0.50], "GSPO no std division": [0.30, 0.31, 0.30],
+         "no std division": [0.40, 0.41, 0.40], "token credit": [0.45, 0.46, 0.45]}
+    short, why = report.verdict(items.ITEMS["variants"], {k: {"final": v} for k, v in s.items()})
+    assert short == "holds"
+    assert why == ("no std division vs GSPO no std division: higher; "
+                   "token credit vs GSPO: lower")
 
 
 def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
@@ -140,3 +155,35 @@ def test_credit_probe_majority_ties_go_to_the_earliest():
     peers = np.array([True, True, True, False])
     assert credit_probe._majority(np.array([3, 1, 3, 0]), peers) == 3
     assert credit_probe._majority(np.array([3, 1, 2, 0]), peers) == 1
+
+
+@pytest.mark.parametrize("preset", sorted(p for p, _ in reproduce.TASKS.values()))
+def test_sweep_cells_that_reuse_the_default_run_are_the_default(preset):
+    """table2b's λ=0.5 and C.3's G=8 train no second copy of IBPO/GSPO: that is only right
+    while they are the presets' defaults."""
+    from configs import base
+
+    cfg = base.make("ibpo_gspo", preset)
+    assert cfg.ibpo.lam == items.DEFAULT_LAM
+    assert cfg.rollout.group_size == items.DEFAULT_G
+    assert cfg.rollout.prompts_per_step * cfg.rollout.group_size == items.TRAJECTORIES_PER_STEP
+    cells = {r.label: r for r in items.ITEMS["table2b"].runs + items.ITEMS["group_size"].runs}
+    assert cells["λ=0.5"].name == "ibpo_gspo"
+    assert cells["GSPO G=8"].name == "gspo" and cells["IBPO G=8"].name == "ibpo_gspo"
+    assert cells["λ=0.3"].overrides == (("ibpo.lam", "0.3"),)
+
+
+def test_records_from_different_bases_are_not_compared(tmp_path):
+    def record(base, acc):
+        return {"base": base, "config": {}, "rows": [{"step": 0, "eval_accuracy": 0.5},
+                                                     {"step": 10, "eval_accuracy": acc}]}
+
+    recs = tmp_path / "runs"
+    recs.mkdir()
+    for s, base in enumerate(({"sha256": "a"}, {"sha256": "b"}, {"sha256": "a"})):
+        (recs / f"gspo_s{s}.json").write_text(json.dumps(record(base, 0.5)))
+        (recs / f"ibpo_gspo_s{s}.json").write_text(json.dumps(record({"sha256": "a"}, 0.6)))
+    item = items.ITEMS["curves"]
+    report.write_item(item, runs=item.runs, seeds=3, records_dir=recs, out_dir=tmp_path,
+                      command="test", missing="")
+    assert json.loads((tmp_path / "curves.json").read_text())["verdict"] == "mixed bases"
