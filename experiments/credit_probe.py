@@ -116,18 +116,21 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
 
 
 def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_dir: Path,
-              command: str, batches: int = BATCHES) -> list[Path]:
-    """Measures the seeds without a record, then writes credit.md / .json / .png."""
+              command: str, batches: int = BATCHES, probe: bool = True) -> list[Path]:
+    """Measures the seeds without a record (unless not `probe`), then writes credit.md /
+    .json / .png from the records (nothing when there are none)."""
     records_dir.mkdir(parents=True, exist_ok=True)
     recs = []
     for seed in range(seeds):
         path = records_dir / f"credit_s{seed}.json"
+        if not path.exists() and not probe:
+            continue
         if not path.exists():
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(measure(preset, extra, seed, batches)) + "\n")
             os.replace(tmp, path)
         recs.append(json.loads(path.read_text()))
-    return write(recs, out_dir=out_dir, command=command, records_dir=records_dir)
+    return write(recs, out_dir=out_dir, command=command, records_dir=records_dir) if recs else []
 
 
 def _rates(recs: list[dict], name: str, which: int) -> list[float]:

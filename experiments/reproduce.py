@@ -1,7 +1,7 @@
 """Reproduce the papers' tables and figures in miniature, with one command.
 
     python -m experiments.reproduce ITEM [--task arith|arith_long] [--seeds N] [--jobs J] [--smoke]
-                                         [--out DIR] [--only LABEL,...]
+                                         [--out DIR] [--only LABEL,...] [--report-only]
 
 ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, sizes, group_size,
 optimizers, appendix_a, appendix_b, cancellation, variants, credit), several of them joined by
@@ -16,6 +16,8 @@ table without rerunning anything, and an interrupted grid picks up where it stop
 (experiments/results/<task>/<item>.md and PNGs, and the summary experiments/results/README.md)
 are aggregated from the records only. `--only` trains just the runs with those labels (the
 report still reads every record); a run that another driver is training is left to it.
+`--report-only` trains nothing and reports the records there are (a grid stopped midway: the
+tables say how many seeds each row has).
 
 --smoke trains the `smoke` preset for one step, one seed, the first run of each item, into
 --out (a temporary directory by default): seconds per run, for the test suite.
@@ -181,9 +183,9 @@ def _write(path: Path, record: dict) -> None:
 
 
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
-              out: Path, only: tuple[str, ...] = ()) -> list[Path]:
-    """Runs and reports `names` (training only the runs labelled `only`, if given); returns
-    the results files written."""
+              out: Path, only: tuple[str, ...] = (), train: bool = True) -> list[Path]:
+    """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
+    without `train`); returns the results files written."""
     preset, extra = TASKS[task]
     if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
         # (and the plain smoke base: a second warm start would only cost the tests time).
@@ -210,15 +212,19 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
         if item.name != "credit" and not why:
             jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
                          if not only or r.label in only})
-    ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra, runs_dir=runs_dir,
-                records_dir=records_dir, parallel=parallel)
+    if train:
+        ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
+                    runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
     written = []
     for item, runs, n_seeds, cmd, why in plan:
         if item.name == "credit":  # a probe of the base policy, no training run
             written += credit_probe.reproduce(
                 preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
-                out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES)
+                out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES,
+                probe=train)
             continue
+        if not train and not any(report.load(records_dir, r, n_seeds) for r in runs):
+            continue  # nothing recorded yet: the summary says "not run yet"
         written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
                                      out_dir=out / task, command=cmd, missing=why)
     written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
@@ -236,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--only", default="", help="comma-separated run labels to train (e.g. "
                    "'SCoRe+GRPO'); the report still reads every recorded run")
+    p.add_argument("--report-only", action="store_true", help="train nothing: write the "
+                   "reports from the records there are (a grid stopped midway)")
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(items_lib.ORDER)}, all")
     for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
                           smoke=args.smoke, out=out,
-                          only=tuple(x for x in args.only.split(",") if x)):
+                          only=tuple(x for x in args.only.split(",") if x),
+                          train=not args.report_only):
         print(f"wrote {path}")
     return 0
 

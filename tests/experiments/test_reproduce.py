@@ -187,3 +187,17 @@ def test_records_from_different_bases_are_not_compared(tmp_path):
     report.write_item(item, runs=item.runs, seeds=3, records_dir=recs, out_dir=tmp_path,
                       command="test", missing="")
     assert json.loads((tmp_path / "curves.json").read_text())["verdict"] == "mixed bases"
+
+
+def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "ensure_runs", lambda *a, **k: pytest.fail("trained"))
+    recs = tmp_path / "runs" / "arith"
+    recs.mkdir(parents=True)
+    rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.55}]
+    (recs / "gspo_s0.json").write_text(json.dumps({"base": None, "config": {}, "rows": rows}))
+    reproduce.main(["variants,credit,cancellation", "--report-only", "--out", str(tmp_path)])
+    text = (tmp_path / "arith" / "variants.md").read_text()
+    assert "| GSPO | 1 | 50.0 | 55.0 |" in text and "| token credit | 0 |" in text
+    assert not (tmp_path / "arith" / "credit.md").exists()  # no record, no probe
+    assert not (tmp_path / "arith" / "cancellation.md").exists()
+    assert "not run yet" in (tmp_path / "README.md").read_text()
