@@ -123,9 +123,9 @@ def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_d
     recs = []
     for seed in range(seeds):
         path = records_dir / f"credit_s{seed}.json"
-        if not path.exists() and not probe:
-            continue
         if not path.exists():
+            if not probe:
+                continue
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(measure(preset, extra, seed, batches)) + "\n")
             os.replace(tmp, path)

@@ -217,7 +217,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     short, why = verdict(item, s)
     if len(bases := {json.dumps(rec.get("base"), sort_keys=True)
                      for recs in data.values() for rec in recs}) > 1:
-        # Never compare runs that started from different policies (reproduce.WARM_STARTS).
+        # Never compare runs that started from different policies (records' `base`).
         short, why = "mixed bases", f"the records start from {len(bases)} different base " \
             f"policies ({', '.join(sorted(bases))}); rerun them on one base"
     n = min((len(x) for x in data.values()), default=0)

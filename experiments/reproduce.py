@@ -52,14 +52,14 @@ KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_m
         "prm_label_cost", "prm_mc_label_accuracy", "prm_fit_label_accuracy",
         "eval_accuracy_attempt1", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
         "adv_mass_before_error", "adv_mean_before_error", "adv_mean_after_error")
-# The warm-started bases the records are made from, committed (3 MB each): the same code and
-# config warm-start `arith_long` to a base that solves 33.4 % on an Intel Xeon and 23.9 % on
-# an AMD EPYC (floating point differs by host), and runs on different bases do not compare.
-# Records name their base (`base`: directory and the weights' sha256) and their host's CPU.
-WARM_STARTS = (("warm_start.cache_dir", "experiments/warm_starts"),)
+# Every run starts from its preset's base committed in experiments/warm_starts/ (the trainer
+# finds it, `policy.warm_start_dir`): the same code and config warm-start `arith_long` to a base
+# that solves 33.4 % on an Intel Xeon and 23.9 % on an AMD EPYC (floating point differs by
+# host), and runs on different bases do not compare. Records name their base (`base`:
+# directory and the weights' sha256) and their host's CPU.
 TASKS = {  # --task -> (preset, extra overrides)
-    "arith": ("arith_tiny", WARM_STARTS),
-    "arith_long": ("arith_long", WARM_STARTS),  # 8-step chains (README "The long task")
+    "arith": ("arith_tiny", ()),
+    "arith_long": ("arith_long", ()),  # 8-step chains (README "The long task")
 }
 
 
