@@ -344,15 +344,20 @@ class Qwen3(nn.Module):
     def decode(self, tokens: Array, positions: Array, cache: kv_cache.KVCache,
                prompt_mask: Array, slot_mask: Array, index: Array
                ) -> tuple[Array, kv_cache.KVCache]:
-        """One step: tokens, positions [B*R] -> hidden [B*R, D] and the cache with this
-        step's keys/values written at row-cache slot `index`; prompt_mask [B, P] bool,
-        slot_mask [C] bool (the slots written so far, this one included).
+        """One step: tokens, positions [B*R] (each < P + C) -> hidden [B*R, D] and the cache
+        with this step's keys/values written at row-cache slot `index`; prompt_mask [B, P]
+        bool, slot_mask [C] bool (the slots written so far, this one included).
 
         Unrolled, the row cache is a tuple of per-layer arrays, each updated in place with
         no per-step slicing copies; scanned, a stacked [L, ...] one carried through the scan
         (compile time over speed)."""
         c = self.config
-        cos, sin = rope_tables(positions[:, None], c.head_dim, c.rope_theta)  # [B*R, 1, H/2]
+        # Positions are < P + C. Looked up in a table of those (loop-invariant, hoisted out of
+        # the sampler's loop): computed from positions here, XLA:CPU fused cos/sin into every
+        # head's RoPE of every layer and recomputed them there (3-7 % of a decode step).
+        bound = prompt_mask.shape[1] + kv_cache.slots_of(cache.rows)
+        cos_t, sin_t = rope_tables(jnp.arange(bound), c.head_dim, c.rope_theta)  # [P+C, H/2]
+        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B*R, 1, H/2]
         ctx = Context(cos, sin, None, prompt_mask, slot_mask, index)
         x, rows, _ = self._layers(self._embed(tokens[:, None]), ctx, cache.prompt, cache.rows)
         return self._final_norm(x[:, 0]), cache._replace(rows=rows)
