@@ -85,6 +85,16 @@ def test_compare_rule_by_hand():
     assert report.compare([0.5], [0.4]).startswith("n/a")
 
 
+def test_minutes_per_run_leave_a_pause_out():
+    # 20 s of start-up, then 2 s per step; the process stopped for 1,000 s between steps 20 and
+    # 30, and a 1-step row at the start: median pace 2 s/step over 40 steps.
+    rows = [{"step": 0, "time_total_s": 20.0}, {"step": 1, "time_total_s": 22.0},
+            {"step": 10, "time_total_s": 40.0}, {"step": 20, "time_total_s": 60.0},
+            {"step": 30, "time_total_s": 1080.0}, {"step": 40, "time_total_s": 1100.0}]
+    assert report.run_minutes(rows) == pytest.approx((20 + 40 * 2) / 60)
+    assert report.run_minutes(rows[:1]) == pytest.approx(20 / 60)
+
+
 def test_variants_are_judged_against_gspo_with_the_same_normalization():
     s = {"GSPO": [0.50, 0.51, 0.50], "GSPO no std division": [0.30, 0.31, 0.30],
          "no std division": [0.40, 0.41, 0.40], "token credit": [0.45, 0.46, 0.45]}
