@@ -205,7 +205,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         md.write_text("\n".join(lines) + "\n")
         js.write_text(json.dumps({"verdict": "not run", "why": missing}) + "\n")
         return [md, js]
-    data = {r.label: load(records_dir, r, seeds) for r in runs}
+    data = {r.label: load(records_dir, r, r.seeds(seeds)) for r in runs}
     s = {label: summarize(recs, item.metrics) for label, recs in data.items()}
     base = s.get("GSPO") or next(iter(s.values()))
     threshold = statistics.mean(base["final"]) if base["final"] else math.nan
@@ -230,11 +230,14 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         # Never compare runs that started from different policies (records' `base`).
         short, why = "mixed bases", f"the records start from {len(bases)} different base " \
             f"policies ({', '.join(sorted(bases))}); rerun them on one base"
-    n = min((len(x) for x in data.values()), default=0)
+    capped = [r for r in runs if r.seeds(seeds) < seeds]
+    n = min((len(data[r.label]) for r in runs if r not in capped), default=0)
     lines += ["", f"**Holds here?** {short}: {why}.", "",
               f"Seeds per run: {n} (the item asks for at least {item.min_seeds})."
-              + ("" if n >= item.min_seeds else " FEWER than asked: read with care."),
-              "", f"![{item.name}]({item.name}.png)"]
+              + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
+    lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
+              f"{r.why_fewer}." for r in capped]
+    lines += ["", f"![{item.name}]({item.name}.png)"]
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n}) + "\n")
     _plot(item, data, out_dir / f"{item.name}.png")

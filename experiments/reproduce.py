@@ -211,7 +211,8 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     for item, runs, n_seeds, _, why in plan:
         if item.name != "credit" and not why:
             jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
-                         if not only or r.label in only})
+                         if s < r.seeds(n_seeds)
+                         and (not only or r.label in only)})
     if train:
         ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
                     runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
@@ -223,7 +224,7 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
                 out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES,
                 probe=train)
             continue
-        if not train and not any(report.load(records_dir, r, n_seeds) for r in runs):
+        if not train and not any(report.load(records_dir, r, r.seeds(n_seeds)) for r in runs):
             continue  # nothing recorded yet: the summary says "not run yet"
         written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
                                      out_dir=out / task, command=cmd, missing=why)

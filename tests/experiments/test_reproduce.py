@@ -211,3 +211,26 @@ def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, 
     assert not (tmp_path / "arith" / "credit.md").exists()  # no record, no probe
     assert not (tmp_path / "arith" / "cancellation.md").exists()
     assert "not run yet" in (tmp_path / "README.md").read_text()
+
+
+def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path, monkeypatch):
+    planned = []
+    monkeypatch.setattr(reproduce, "ensure_runs",
+                        lambda jobs, **k: planned.extend((r.label, s) for r, s in jobs))
+    recs = tmp_path / "runs" / "arith"
+    recs.mkdir(parents=True)
+    rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.55}]
+    item = items.ITEMS["variants"]
+    for r in item.runs:
+        for s in range(3):
+            (recs / f"{r.name}_s{s}.json").write_text(
+                json.dumps({"base": None, "config": {}, "rows": rows}))
+    reproduce.main(["variants", "--out", str(tmp_path)])
+    lam4 = [r.label for r in item.runs if r.max_seeds]
+    assert lam4 == ["λ=4.0", "λ=4.0, no std"]
+    assert sorted(s for label, s in planned if label == "λ=4.0") == [0, 1]
+    assert sorted(s for label, s in planned if label == "GSPO") == [0, 1, 2]
+    text = (tmp_path / "arith" / "variants.md").read_text()
+    assert "| λ=4.0 | 2 |" in text and "| GSPO | 3 |" in text  # the third λ=4 record unread
+    assert "Seeds per run: 3 (the item asks for at least 3)." in text
+    assert "λ=4.0: 2 seed(s) of the 2 planned: at λ = 4 a wrong response" in text
