@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from ibpo_jax import comparison, config, sharding
-from ibpo_jax.trainer import loop
+from ibpo_jax.trainer import credit, loop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,8 @@ def count_batch(trainer: loop.Trainer, key: jax.Array) -> dict[str, list[int]]:
     right = np.asarray(correct).reshape(-1, g)
     truth = np.array([-1 if i.get("first_wrong_step") is None else i["first_wrong_step"]
                       for i in infos]).reshape(-1, g)
-    scored = ~right & right.any(1, keepdims=True) & (truth >= 0)
+    # The responses φ scores (the trainer's own rule), where the checker found a wrong step.
+    scored = np.asarray(credit.phi_scored(right)) & (truth >= 0)
     counts = {}
     for alignment in ALIGNMENTS:
         found, e = jax.device_get(_first_errors(units, n_units, right, alignment=alignment))
