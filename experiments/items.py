@@ -82,10 +82,8 @@ DEFAULT_LAM, DEFAULT_G, TRAJECTORIES_PER_STEP = 0.5, 8, 256
 # Appendix A's λ_max = 2 Cov(R, φ) / Var(φ) is about 8 on `arith` (7.1-9.0 over its three
 # seeds): the unnormalized advantage's variance is lowest at λ_max / 2 (DESIGN §5).
 LAM_NEAR_MAX = 4.0
-# Why the λ = 4 cells of `variants` run 2 seeds, not 3: with R = ±1 a wrong response whose
-# φ > 0.5 gets a higher shaped reward (-1 + 4φ > 1) than a right one, so the update prefers
-# such wrong responses whatever the seed (seed 0 collapsed to 1-2 %, with and without std
-# division); a second seed checks that this is not a seed's accident.
+# Why the λ = 4 cells of `variants` run 2 seeds, not 3 (seed 0 collapsed to 1-2 % held out,
+# with and without the std division, on `arith`):
 COLLAPSE = ("at λ = 4 a wrong response with φ > 0.5 outranks a right one (-1 + 4φ > 1), so "
             "the collapse is mechanical; a second seed checks it is not a seed's accident")
 
