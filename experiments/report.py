@@ -150,8 +150,9 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     if all(r.startswith("n/a") for *_, r in res):
         return "undetermined", text + " (one seed cannot say)"
     wins = sum(r == "higher" for *_, r in res)
-    if item.name == "variants":
-        return ("holds" if wins else "does not hold", text)
+    if item.name == "variants":  # "some variant": a win settles it, a non-win needs every cell
+        open_cells = any(r.startswith("n/a") for *_, r in res)
+        return ("holds" if wins else "undetermined" if open_cells else "does not hold", text)
     return ("holds" if wins == len(res) else "partly" if wins else "does not hold", text)
 
 
@@ -261,6 +262,7 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
             cells.append(f"[{json.loads(js.read_text())['verdict']}]({t}/{name}.md)"
                          if js.exists() else "not run yet")
         lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells) + " |")
+    out.mkdir(parents=True, exist_ok=True)  # a new --out with no records yet
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path

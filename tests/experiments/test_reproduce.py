@@ -104,6 +104,15 @@ def test_variants_are_judged_against_gspo_with_the_same_normalization():
                    "token credit vs GSPO: lower")
 
 
+def test_variants_without_a_win_stay_undetermined_while_a_cell_has_one_seed():
+    level = [0.50, 0.51, 0.50]
+    s = {"GSPO": level, "IBPO-GSPO": [0.50, 0.50, 0.51], "token credit": [0.49]}
+    summaries = {k: {"final": v} for k, v in s.items()}
+    assert report.verdict(items.ITEMS["variants"], summaries)[0] == "undetermined"
+    summaries["token credit"] = {"final": [0.49, 0.50, 0.50]}
+    assert report.verdict(items.ITEMS["variants"], summaries)[0] == "does not hold"
+
+
 def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
     """A budget-matched run ends before train.steps, with an evaluation at the step that
     reached train.budget: that is its final row; without it the run is still going."""
