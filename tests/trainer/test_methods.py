@@ -51,12 +51,20 @@ def one_device(monkeypatch):
     monkeypatch.setattr(sharding, "make_mesh", make_mesh)
 
 
+# Fractions of a float score over a threshold (the PRM's prob > 0.5 per step prefix): a score
+# within float rounding of 0.5 may land on the other side on the mesh (seen on one host: one of
+# the batch's ~64 step labels, 0.016), so they compare to a few labels, not to rounding.
+THRESHOLDED = {"prm_label_accuracy": 0.05}
+
+
 def _assert_close(rows, reference, exact):
     assert [r["step"] for r in rows] == [r["step"] for r in reference]
     for a, b in zip(_comparable(reference), _comparable(rows)):
         assert a.keys() == b.keys()
         for key in a:
-            if key in exact:
+            if key in THRESHOLDED:
+                assert abs(a[key] - b[key]) <= THRESHOLDED[key], (a["step"], key, a[key], b[key])
+            elif key in exact:
                 assert a[key] == b[key] or (a[key] != a[key] and b[key] != b[key]), (
                     a["step"], key)
             else:
