@@ -114,7 +114,7 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
                 f"IBPO / GSPO {fmt(ratio, digits=3)} (claim ii: about 0.70)")
     if item.name == "curves":
         if not {"IBPO-GSPO", "GSPO"} <= f.keys():
-            return "not run", "needs both GSPO and IBPO-GSPO records"
+            return "incomplete" if f else "not run", "needs both GSPO and IBPO-GSPO records"
         m = compare(s["IBPO-GSPO"]["reward_mean"], s["GSPO"]["reward_mean"])
         v = compare(s["IBPO-GSPO"]["reward_var"], s["GSPO"]["reward_var"])
         ok = m == "higher" and v == "lower"
@@ -122,7 +122,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
     if item.name == "sizes":
         if not {"GSPO", "IBPO-GSPO", "GSPO 2x", "IBPO 2x"} <= f.keys():
-            return "not run", "needs GSPO and IBPO-GSPO records at both sizes"
+            return ("incomplete" if f else "not run",
+                    "needs GSPO and IBPO-GSPO records at both sizes")
         gain = lambda a, b: statistics.mean(f[a]) - statistics.mean(f[b])  # noqa: E731
         g1, g2 = gain("IBPO-GSPO", "GSPO"), gain("IBPO 2x", "GSPO 2x")
         r1, r2 = c("IBPO-GSPO", "GSPO"), c("IBPO 2x", "GSPO 2x")
@@ -146,7 +147,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     res = [(a, b, c(a, b)) for a, b in pairs if a in f and b in f]
     text = "; ".join(f"{a} vs {b}: {r}" for a, b, r in res)
     if not res:
-        return "not run", "no records"
+        return ("incomplete", "no pair the claim compares has records on both sides yet") if f \
+            else ("not run", "no records")
     if all(r.startswith("n/a") for *_, r in res):
         return "undetermined", text + " (one seed cannot say)"
     wins = sum(r == "higher" for *_, r in res)
@@ -231,6 +233,10 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         # Never compare runs that started from different policies (records' `base`).
         short, why = "mixed bases", f"the records start from {len(bases)} different base " \
             f"policies ({', '.join(sorted(bases))}); rerun them on one base"
+    if missing_runs := [r.label for r in runs if not data[r.label]]:
+        # A verdict from part of the grid says so (also in the summary table).
+        short += f" (so far: {len(runs) - len(missing_runs)} of {len(runs)} runs)"
+        why += f"; not run yet: {', '.join(missing_runs)}"
     capped = [r for r in runs if r.seeds(seeds) < seeds]
     n = min((len(data[r.label]) for r in runs if r not in capped), default=0)
     lines += ["", f"**Holds here?** {short}: {why}.", "",

@@ -217,6 +217,11 @@ def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, 
     reproduce.main(["variants,credit,cancellation", "--report-only", "--out", str(tmp_path)])
     text = (tmp_path / "arith" / "variants.md").read_text()
     assert "| GSPO | 1 | 50.0 | 55.0 |" in text and "| token credit | 0 |" in text
+    # A verdict from part of a grid says how much of it ran.
+    verdict = json.loads((tmp_path / "arith" / "variants.json").read_text())["verdict"]
+    assert verdict == "incomplete (so far: 1 of 9 runs)"
+    assert "[incomplete (so far: 1 of 9 runs)](arith/variants.md)" in (
+        tmp_path / "README.md").read_text()
     assert not (tmp_path / "arith" / "credit.md").exists()  # no record, no probe
     assert not (tmp_path / "arith" / "cancellation.md").exists()
     assert "not run yet" in (tmp_path / "README.md").read_text()
