@@ -98,6 +98,11 @@ def steps_to(recs: list[dict], threshold: float) -> str:
     return "not reached"
 
 
+def _unjudged(finals: dict, why: str) -> tuple[str, str]:
+    """The verdict of an item whose compared runs are not all recorded yet."""
+    return "incomplete" if finals else "not run", why
+
+
 def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     """(short verdict, explanation) of the item's claim from the per-label summaries."""
     f = {label: v["final"] for label, v in s.items() if v["final"]}
@@ -114,7 +119,7 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
                 f"IBPO / GSPO {fmt(ratio, digits=3)} (claim ii: about 0.70)")
     if item.name == "curves":
         if not {"IBPO-GSPO", "GSPO"} <= f.keys():
-            return "incomplete" if f else "not run", "needs both GSPO and IBPO-GSPO records"
+            return _unjudged(f, "needs both GSPO and IBPO-GSPO records")
         m = compare(s["IBPO-GSPO"]["reward_mean"], s["GSPO"]["reward_mean"])
         v = compare(s["IBPO-GSPO"]["reward_var"], s["GSPO"]["reward_var"])
         ok = m == "higher" and v == "lower"
@@ -122,8 +127,7 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
     if item.name == "sizes":
         if not {"GSPO", "IBPO-GSPO", "GSPO 2x", "IBPO 2x"} <= f.keys():
-            return ("incomplete" if f else "not run",
-                    "needs GSPO and IBPO-GSPO records at both sizes")
+            return _unjudged(f, "needs GSPO and IBPO-GSPO records at both sizes")
         gain = lambda a, b: statistics.mean(f[a]) - statistics.mean(f[b])  # noqa: E731
         g1, g2 = gain("IBPO-GSPO", "GSPO"), gain("IBPO 2x", "GSPO 2x")
         r1, r2 = c("IBPO-GSPO", "GSPO"), c("IBPO 2x", "GSPO 2x")
@@ -147,8 +151,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     res = [(a, b, c(a, b)) for a, b in pairs if a in f and b in f]
     text = "; ".join(f"{a} vs {b}: {r}" for a, b, r in res)
     if not res:
-        return ("incomplete", "no pair the claim compares has records on both sides yet") if f \
-            else ("not run", "no records")
+        return _unjudged(f, "no pair the claim compares has records on both sides yet"
+                         if f else "no records")
     if all(r.startswith("n/a") for *_, r in res):
         return "undetermined", text + " (one seed cannot say)"
     wins = sum(r == "higher" for *_, r in res)
