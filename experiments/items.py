@@ -196,7 +196,8 @@ ITEMS = {
         {"IBPO-GSPO": "the paper's form"},
         "some IBPO variant gives an edge over its base optimizer", min_seeds=3,
         metrics=("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
-                 "adv_mass_before_error")),
+                 "adv_mass_before_error", "grad_share_before_error",
+                 "grad_share_before_error_gspo")),
     # A probe of the base policy, no training (experiments/credit_probe.py).
     "credit": Item(
         "credit", "Credit: which signal finds the checker's first wrong step", (),

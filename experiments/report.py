@@ -184,6 +184,7 @@ def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None
             continue
         for label, recs in data.items():
             series = [{row["step"]: row[key] for row in rec["rows"] if key in row} for rec in recs]
+            series = [x for x in series if x]  # seeds that log the key
             steps = sorted(set.intersection(*(set(x) for x in series))) if series else []
             if not steps:
                 continue
@@ -198,6 +199,13 @@ def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _metric_cell(values: list[float], n_recs: int, key: str) -> str:
+    """A metric's mean ± sd over the seeds that log it, saying so when some do not (a metric
+    added after their runs)."""
+    cell = fmt(values, digits=0 if key == "budget_trajectories" else 4)
+    return cell if not values or len(values) == n_recs else f"{cell} ({len(values)} seeds)"
 
 
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
@@ -227,8 +235,8 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
                  fmt(v["gain"], 100),
                  compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
                  steps_to(recs, threshold) if recs and threshold == threshold else "—",
-                 *(fmt(v.get(k, []), digits=0 if k == "budget_trajectories" else 4)
-                   for k in item.metrics), fmt(v["time_min"]),
+                 *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
+                 fmt(v["time_min"]),
                  item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
     short, why = verdict(item, s)

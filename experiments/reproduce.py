@@ -51,7 +51,8 @@ KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_m
         "flip_wrong_to_right", "flip_right_to_wrong", "prm_mean", "prm_label_accuracy",
         "prm_label_cost", "prm_mc_label_accuracy", "prm_fit_label_accuracy",
         "eval_accuracy_attempt1", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
-        "adv_mass_before_error", "adv_mean_before_error", "adv_mean_after_error")
+        "adv_mass_before_error", "adv_mean_before_error", "adv_mean_after_error",
+        "grad_share_before_error", "grad_share_before_error_gspo")
 # Every run starts from its preset's base committed in experiments/warm_starts/ (the trainer
 # finds it, `policy.warm_start_dir`): the same code and config warm-start `arith_long` to a base
 # that solves 33.4 % on an Intel Xeon and 23.9 % on an AMD EPYC (floating point differs by

@@ -56,6 +56,11 @@ def test_appendix_a_notebook_on_smoke_runs(tmp_path, monkeypatch, smoke_data_dir
     assert "claim (i)" in text and "claim (ii)" in text and "| (ii) PG variance" in text
     for name in ("appendix_a_pg_variance.png", "appendix_a_cov.png"):
         assert (tmp_path / name).stat().st_size > 1000
+    # The trainer logs where the update's gradient goes at each diagnostic step (issue 16).
+    rows = [json.loads(line) for run in (tmp_path / "runs").glob("smoke_s*")
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+    shares = [r["grad_share_before_error"] for r in rows if "grad_share_before_error" in r]
+    assert shares and all(0 <= v <= 1 for v in shares)
     # The committed notebook is this generator's, with its outputs.
     committed = nbformat.read(HERE / "appendix_a.ipynb", as_version=4)
     assert [c.source for c in committed.cells] == [src for _, src in module.CELLS]

@@ -79,12 +79,18 @@ def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
     return ESTIMATORS.get("grpo")(rewards, phi, **kw).reshape(-1)
 
 
+def response_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array
+                   ) -> comparison.Units:
+    """The units φ compares (steps or tokens, `ibpo.granularity`) of every response."""
+    return comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
+                                     is_delim, granularity=spec.ibpo.granularity,
+                                     max_units=spec.ibpo.max_units or None)
+
+
 def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credit, dict]:
     """φ, advantages and the group statistics of Appendix A for one rollout batch."""
     g, ibpo = spec.group_size, spec.ibpo
-    u = comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
-                                  is_delim, granularity=ibpo.granularity,
-                                  max_units=ibpo.max_units or None)
+    u = response_units(spec, rollout, is_delim)
     phi_out = jax.vmap(lambda units, n, c: comparison.compute_phi(
         units, n, c, operator=ibpo.operator, alignment=ibpo.alignment, reduce=ibpo.reduce))(
         groups(u.units, g), groups(u.n_units, g), groups(rollout.correct, g))
@@ -117,15 +123,9 @@ def where_credit_goes(rollout: Rollout, adv: jax.Array, seq_adv: jax.Array,
     advantage there; `adv_sign_flip_frac`: the share of all response tokens whose advantage
     sign differs from their response's sequence-level advantage (0 without token credit).
     """
-    mask = response_mask(rollout.response_len, rollout.response.shape[1])  # [N, R]
-    if rollout.valid is not None:
-        mask &= rollout.valid[:, None]
-    scored = phi_scored(groups(rollout.correct, g)).reshape(-1)
+    mask = _live_tokens(rollout)
     tok = jnp.broadcast_to(adv if adv.ndim == 2 else adv[:, None], mask.shape)
-    # token_unit -1: no unit (EOS, leading delimiters); -2: past the unit budget (after).
-    fe = first_error[:, None]
-    before = mask & scored[:, None] & (token_unit >= 0) & (token_unit < fe)
-    after = mask & scored[:, None] & ((token_unit >= fe) | (token_unit == -2))
+    before, after = error_sides(rollout, first_error, token_unit, g)
     mass = lambda m: jnp.sum(jnp.where(m, jnp.abs(tok), 0.0))
     mean = lambda m: jnp.sum(jnp.where(m, tok, 0.0)) / jnp.maximum(jnp.sum(m), 1)
     flips = mask & (jnp.sign(tok) != jnp.sign(seq_adv)[:, None])
@@ -135,6 +135,24 @@ def where_credit_goes(rollout: Rollout, adv: jax.Array, seq_adv: jax.Array,
         "adv_mean_after_error": mean(after),
         "adv_sign_flip_frac": jnp.sum(flips) / jnp.maximum(jnp.sum(mask), 1),
     }
+
+
+def _live_tokens(rollout: Rollout) -> jax.Array:
+    mask = response_mask(rollout.response_len, rollout.response.shape[1])  # [N, R]
+    return mask if rollout.valid is None else mask & rollout.valid[:, None]
+
+
+def error_sides(rollout: Rollout, first_error: jax.Array, token_unit: jax.Array, g: int
+                ) -> tuple[jax.Array, jax.Array]:
+    """([N, R], [N, R]) bool: the tokens of the wrong responses φ scores that lie before their
+    first error (first_error [N] units), and those at or after it."""
+    mask = _live_tokens(rollout)
+    scored = phi_scored(groups(rollout.correct, g)).reshape(-1)[:, None] & mask
+    # token_unit -1: no unit (EOS, leading delimiters); -2: past the unit budget (after).
+    fe = first_error[:, None]
+    before = scored & (token_unit >= 0) & (token_unit < fe)
+    after = scored & ((token_unit >= fe) | (token_unit == -2))
+    return before, after
 
 
 def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:

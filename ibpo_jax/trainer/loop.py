@@ -354,7 +354,8 @@ class Trainer:
         t0 = time.perf_counter()
         plan = self.packing_plan(prompt_len, prompt_len, prompt_width, 0, identity=True)
         with jax.set_mesh(self.mesh):
-            out = self.pg_var_fn(self.state, self.base.params, rollout, cred, plan)
+            out = self.pg_var_fn(self.state, self.base.params, rollout, cred, plan,
+                                 self.is_delim)
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         return {**out, "time_pg_var_s": time.perf_counter() - t0}
 

@@ -80,14 +80,48 @@ def group_gradient_variance(
     }
 
 
+def split_gradients(
+    loss_terms: Callable[[Any, jax.Array, jax.Array], jax.Array],
+    params: Any,
+    chunks: jax.Array,
+    parts: tuple[jax.Array, ...],
+) -> list[Any]:
+    """∇num_S for each token set S in `parts`: the part of the batch gradient that flows
+    through the log-probs of S's tokens (Σ_S ∇num_S = ∇num when the parts cover every token).
+
+    Args:
+      loss_terms: (params, groups [K], through [N, R] bool) -> the loss numerator of those
+        groups with the gradient through `through`'s tokens only.
+      params: the parameters the gradients are taken at.
+      chunks: [C, K] int32 group ids, summed one chunk at a time (the update's working set).
+      parts: [N, R] bool token sets.
+
+    Returns: one float32 gradient tree per part, before the loss's normalizer (common to all
+    parts, so ratios of their norms are those of the update's gradient).
+    """
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    out = []
+    for through in parts:
+        grad_fn = jax.grad(lambda p, c, t=through: loss_terms(p, c, t))
+        total, _ = jax.lax.scan(lambda acc, c, f=grad_fn: (jax.tree.map(
+            lambda a, x: a + x.astype(jnp.float32), acc, f(params, c)), None), zeros, chunks)
+        out.append(total)
+    return out
+
+
 def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: step.Rollout,
-            cred: step.Credit, plan: packing.Plan) -> dict[str, jax.Array]:
+            cred: step.Credit, plan: packing.Plan, is_delim: jax.Array
+            ) -> dict[str, jax.Array]:
     """DESIGN §3's PG variance of one rollout batch, with the run's λ and with λ = 0.
 
     Same trajectories, same loss (normalization, aggregation, KL, transform), at the policy
     that sampled them (ratio 1): `pg_var`, `pg_mean_sqnorm` with φ; `pg_var_gspo`,
     `pg_mean_sqnorm_gspo` with GSPO's advantages (φ = 0); `pg_var_ratio` = pg_var /
-    pg_var_gspo; `pg_noise_ratio{,_gspo}` = pg_var / pg_mean_sqnorm. `spec` is the run's
+    pg_var_gspo; `pg_noise_ratio{,_gspo}` = pg_var / pg_mean_sqnorm. With a comparison
+    operator (φ finds first errors), `grad_share_before_error{,_gspo}`: of the gradient the
+    scored wrong responses' tokens carry, the share ‖g_before‖ / (‖g_before‖ + ‖g_after‖)
+    of their tokens before the first error (issue 16: did the credit move there?); `is_delim`
+    as for `credit.credit`. `spec` is the run's
     `step.StepSpec` (any layout: the per-group gradients use the "grouped" one), `plan` the
     identity packing plan of the batch (partition unit G). The value loss (PPO) is not part of
     the policy gradient and is left out.
@@ -101,6 +135,14 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
         adv0 = jnp.broadcast_to(adv0[:, None], cred.adv.shape)
     without_phi = cred._replace(  # GSPO on the same trajectories (DESIGN §3: λ = 0)
         phi=zero, shaped=credit_lib.groups(rollout.reward, spec.group_size), adv=adv0)
+    sides = None
+    if spec.ibpo.operator != "terminal":
+        token_unit = credit_lib.response_units(spec, rollout, is_delim).token_unit
+        sides = credit_lib.error_sides(rollout, cred.first_error.reshape(-1), token_unit,
+                                       spec.group_size)
+        n = spec.optim.minibatches * spec.optim.microbatches
+        n = n if n_groups % n == 0 else 1
+        chunks = jnp.arange(n_groups, dtype=jnp.int32).reshape(n, -1)
     out = {}
     for suffix, c in (("", cred), ("_gspo", without_phi)):
         b = step.with_advantages(spec, batch._replace(adv=c.adv), c)
@@ -108,6 +150,11 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
             lambda p, g, b=b: step.group_policy_terms(spec, p, b, g), state.params, n_groups)
         out["pg_var" + suffix] = r["pg_var"]
         out["pg_mean_sqnorm" + suffix] = r["pg_mean_sqnorm"]
+        if sides is not None:
+            before, after = (jnp.sqrt(_sqnorm(x)) for x in split_gradients(
+                lambda p, k, t, b=b: step.group_policy_terms(spec, p, b, k, through=t)[0],
+                state.params, chunks, sides))
+            out["grad_share_before_error" + suffix] = losses.safe_div(before, before + after)
     out["pg_var_ratio"] = losses.safe_div(out["pg_var"], out["pg_var_gspo"])
     # Noise relative to signal: does φ change the gradient's direction-to-noise ratio, or
     # only its size (issue 16)? Scale-free: rescaling every advantage leaves it unchanged.

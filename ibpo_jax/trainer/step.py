@@ -240,12 +240,18 @@ def _anchor_num(spec: StepSpec, b: _Batch, logp: jax.Array) -> jax.Array:
     return jnp.sum(coeff * b.kl_anchor[:, None] * jnp.where(b.mask, kl, 0.0))
 
 
-def group_policy_terms(spec: StepSpec, params: Any, b: _Batch, group: jax.Array):
-    """(num, den) of the policy loss restricted to group `group` (an int32 scalar), on-policy
-    (ratio 1): the per-group term of DESIGN §3's policy-gradient variance. Needs the
-    "grouped" layout."""
-    rows = group * spec.group_size + jnp.arange(spec.group_size)
+def group_policy_terms(spec: StepSpec, params: Any, b: _Batch, group: jax.Array,
+                       through: jax.Array | None = None):
+    """(num, den) of the policy loss restricted to group `group` (an int32 scalar, or [K]
+    groups), on-policy (ratio 1): the per-group term of DESIGN §3's policy-gradient variance.
+    `through` [N, R] bool: the gradient flows through those tokens' log-probs only (every
+    coefficient of the loss unchanged), so ∇num is the part of the update's gradient those
+    tokens carry. Needs the "grouped" layout."""
+    rows = (jnp.atleast_1d(group)[:, None] * spec.group_size
+            + jnp.arange(spec.group_size)).reshape(-1)
     logp, _, _, here = _chunk_stats(spec, params, b, rows)
+    if through is not None:
+        logp = jnp.where(through, logp, jax.lax.stop_gradient(logp))
     num, out = policy_terms(spec, b._replace(mask=b.mask & here[:, None]), logp,
                             jax.lax.stop_gradient(logp))
     return num, out.den

@@ -104,12 +104,49 @@ def test_per_group_gradients_of_the_run_loss_sum_to_its_batch_gradient():
     assert float(out["pg_var"]) > 0
 
 
+def _measure(spec, *args):
+    from tests.trainer.test_step import IS_DELIM
+
+    return jax.jit(lambda *a: pg_variance.measure(spec, *a, IS_DELIM))(*args)
+
+
 def test_measure_gives_ratio_one_without_phi_and_not_with_it():
     spec, state, ref, rollout, cred, plan = _step_setup("gspo")  # terminal: φ = 0
-    out = jax.jit(lambda *a: pg_variance.measure(spec, *a))(state, ref, rollout, cred, plan)
+    out = _measure(spec, state, ref, rollout, cred, plan)
     np.testing.assert_allclose(out["pg_var"], out["pg_var_gspo"], rtol=1e-6)
     np.testing.assert_allclose(out["pg_var_ratio"], 1.0, rtol=1e-6)
+    assert "grad_share_before_error" not in out  # no first errors without a comparison
     spec, state, ref, rollout, cred, plan = _step_setup("ibpo_gspo")
-    out = jax.jit(lambda *a: pg_variance.measure(spec, *a))(state, ref, rollout, cred, plan)
+    out = _measure(spec, state, ref, rollout, cred, plan)
     assert abs(float(out["pg_var_ratio"]) - 1.0) > 1e-3
     assert all(np.isfinite(float(v)) for v in out.values())
+
+
+@pytest.mark.parametrize("credit", ["sequence", "token"])
+def test_token_parts_of_the_gradient_add_up_to_the_update_gradient(credit):
+    """The before / after / other-token parts sum to the update's gradient (times its
+    normalizer), and the shares measure logs are those parts' norms."""
+    from ibpo_jax.trainer import credit as credit_lib
+    from ibpo_jax.trainer import step
+    from tests.trainer.test_step import IS_DELIM
+
+    spec, state, ref, rollout, cred, plan = _step_setup("ibpo_gspo", **{"ibpo.credit": credit})
+    batch, _ = step.prepare_batch(spec, state, ref, rollout, cred, plan)
+    batch = step.with_advantages(spec, batch, cred)
+    units = credit_lib.response_units(spec, rollout, IS_DELIM).token_unit
+    before, after = credit_lib.error_sides(rollout, cred.first_error.reshape(-1), units, G)
+    assert before.any() and after.any()  # the fixture's wrong responses have both sides
+    rest = ~(before | after)
+    terms = lambda p, k, t: step.group_policy_terms(spec, p, batch, k, through=t)[0]  # noqa
+    parts = pg_variance.split_gradients(terms, state.params, jnp.arange(3)[:, None],
+                                        (before, after, rest))
+    rows = jnp.arange(12)[None, :]
+    want, _, _ = step._gradients(spec, state.params, batch, rows)
+    den = float(step.group_policy_terms(spec, state.params, batch, jnp.arange(3))[1])
+    for *xs, w in zip(*(jax.tree.leaves(p) for p in parts), jax.tree.leaves(want)):
+        np.testing.assert_allclose(sum(xs), w * den, rtol=2e-4, atol=1e-6)
+    norm = lambda t: float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(t))))  # noqa
+    out = _measure(spec, state, ref, rollout, cred, plan)
+    share = norm(parts[0]) / (norm(parts[0]) + norm(parts[1]))
+    np.testing.assert_allclose(out["grad_share_before_error"], share, rtol=1e-4)
+    assert 0 < share < 1
