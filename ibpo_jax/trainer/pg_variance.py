@@ -144,7 +144,9 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
         n = n if n_groups % n == 0 else 1
         chunks = jnp.arange(n_groups, dtype=jnp.int32).reshape(n, -1)
     out = {}
-    for suffix, c in (("", cred), ("_gspo", without_phi)):
+    # φ ≡ 0 (terminal operator): the run's advantages are GSPO's, measured once.
+    variants = (("", cred),) if sides is None else (("", cred), ("_gspo", without_phi))
+    for suffix, c in variants:
         b = step.with_advantages(spec, batch._replace(adv=c.adv), c)
         r = group_gradient_variance(
             lambda p, g, b=b: step.group_policy_terms(spec, p, b, g), state.params, n_groups)
@@ -155,6 +157,8 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
                 lambda p, k, t, b=b: step.group_policy_terms(spec, p, b, k, through=t)[0],
                 state.params, chunks, sides))
             out["grad_share_before_error" + suffix] = losses.safe_div(before, before + after)
+    if sides is None:
+        out |= {"pg_var_gspo": out["pg_var"], "pg_mean_sqnorm_gspo": out["pg_mean_sqnorm"]}
     out["pg_var_ratio"] = losses.safe_div(out["pg_var"], out["pg_var_gspo"])
     # Noise relative to signal: does φ change the gradient's direction-to-noise ratio, or
     # only its size (issue 16)? Scale-free: rescaling every advantage leaves it unchanged.

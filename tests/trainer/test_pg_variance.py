@@ -111,7 +111,12 @@ def _measure(spec, *args):
 
 
 def test_measure_gives_ratio_one_without_phi_and_not_with_it():
+    from ibpo_jax.trainer import credit as credit_lib
+
     spec, state, ref, rollout, cred, plan = _step_setup("gspo")  # terminal: φ = 0
+    # measure() then takes the run's advantages for GSPO's (one measurement): they are.
+    np.testing.assert_array_equal(
+        cred.adv, credit_lib.group_advantages(spec, rollout, jnp.zeros_like(cred.phi)))
     out = _measure(spec, state, ref, rollout, cred, plan)
     np.testing.assert_allclose(out["pg_var"], out["pg_var_gspo"], rtol=1e-6)
     np.testing.assert_allclose(out["pg_var_ratio"], 1.0, rtol=1e-6)
