@@ -131,9 +131,17 @@ def _train(job: tuple[list[str], Path, Path]) -> tuple[Path, float, str]:
         if compact(workdir, cmd) is not None:  # another driver finished it while we queued
             return workdir, 0.0, ""
         with open(log_path, "a") as log:
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                  env=_env(workdir.parent))
     err = "" if proc.returncode == 0 else f"exit {proc.returncode}, see {log_path}"
     return workdir, time.time() - t0, err
+
+
+def _env(runs_dir: Path) -> dict[str, str]:
+    """The trainers' environment: a persistent XLA compilation cache shared by the grid's runs
+    (the same programs at the same shapes; about 17 s less compiling per `arith` run, the
+    metrics bit for bit the same), unless the caller chose one."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(runs_dir / "xla_cache"), **os.environ}
 
 
 def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str,
