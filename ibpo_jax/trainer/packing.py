@@ -9,7 +9,7 @@ its own segment: attention stays within it and positions restart at 0
 (`models.token_logprobs(segment_ids=...)`), so every log-prob equals the unpacked one.
 
 The number of packed rows is data-dependent; it is rounded up to a few sizes (multiples of
-`N / 8`, see `first_fit`) so that a run compiles the update a few times at most. `identity` is
+`N / 16`, see `first_fit`) so that a run compiles the update a few times at most. `identity` is
 the rollout's own layout (one row per packed row, `start` = P - prompt_len): the same code path,
 used when the update needs whole groups together (cancellation transforms).
 
@@ -28,7 +28,7 @@ import numpy as np
 
 Array = jax.Array
 
-BUCKETS = 8  # packed-row counts are multiples of ~N / BUCKETS: at most 8 compiled sizes
+BUCKETS = 16  # packed-row counts are multiples of ~N / BUCKETS: at most 16 compiled sizes
 
 
 @jax.tree_util.register_dataclass

@@ -30,7 +30,7 @@ from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.credit import Credit, Rollout
 
 CORRECTION_COST = 1.2  # trajectories per correction generation (Appendix B: longer context)
-BUCKETS = 4
+BUCKETS = 8
 TEMPLATE_ROOM = 64  # prompt tokens a template adds around the texts it quotes
 
 

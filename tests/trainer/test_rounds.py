@@ -29,7 +29,7 @@ def test_correction_pairs_of_a_batch_without_wrong_rows_are_empty():
     assert wrong.shape == peers.shape == (0,)
 
 
-@pytest.mark.parametrize("m, n, want", [(0, 64, 16), (1, 64, 16), (16, 64, 16), (17, 64, 32),
+@pytest.mark.parametrize("m, n, want", [(0, 64, 8), (1, 64, 8), (16, 64, 16), (17, 64, 24),
                                         (64, 64, 64), (3, 2, 3)])
 def test_padded_count_rounds_up_to_a_few_shapes(m, n, want):
     assert rounds.padded_count(m, n) == want
