@@ -170,8 +170,12 @@ def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None
 
     by_budget = "budget_trajectories" in item.metrics  # methods stop at different steps
     keys = ("eval_accuracy", *(k for k in item.metrics if k != "budget_trajectories"))
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 3.4), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    cols = min(4, len(keys))  # panels wrap into rows of 4
+    rows_n = -(-len(keys) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.4 * rows_n), squeeze=False)
+    for ax in axes.flat[len(keys):]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, keys):
         if by_budget:  # each seed's evaluations against the budget it had spent
             for i, (label, recs) in enumerate(data.items()):
                 for k, rec in enumerate(recs):
