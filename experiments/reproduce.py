@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments import credit_probe, report
+from experiments import credit_probe, gradient_probe, report
 from experiments import items as items_lib
 
 ROOT = items_lib.ROOT
@@ -235,8 +235,16 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
             continue
         if not train and not any(report.load(records_dir, r, r.seeds(n_seeds)) for r in runs):
             continue  # nothing recorded yet: the summary says "not run yet"
-        written += report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
-                                     out_dir=out / task, command=cmd, missing=why)
+        files = report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
+                                  out_dir=out / task, command=cmd, missing=why)
+        if item.name == "variants":  # + every variant on the same batches of the base policy
+            probes = gradient_probe.ensure(
+                preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
+                batches=1 if smoke else gradient_probe.BATCHES,
+                n_variants=2 if smoke else 0, probe=train)
+            with open(files[0], "a") as f:
+                f.write("\n".join(gradient_probe.section(probes, command=cmd)) + "\n")
+        written += files
     written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
     return written
 

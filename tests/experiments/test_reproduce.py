@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import items, report, reproduce
+from experiments import gradient_probe, items, report, reproduce
 
 ROOT = Path(__file__).parents[2]
 
@@ -43,6 +43,13 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         assert (out / "arith" / "credit.png").stat().st_size > 1000
         assert (out / "runs" / "arith" / "credit_s0.json").exists()
         return
+    if name == "variants":  # + the probe: variants on the same batches of the base policy
+        section = md.split("## Same batches, at the base policy")[1]
+        row = next(line for line in section.splitlines() if line.startswith("| IBPO-GSPO |"))
+        cells = [c.strip() for c in row.split("|")[2:-1]]
+        share = float(cells[gradient_probe.KEYS.index("grad_share_before_error")])
+        assert 0 <= share <= 1 and float(cells[0]) > 0, row
+        assert (out / "runs" / "arith" / "gradient_probe_s0.json").exists()
     # The first run's row: its final accuracy is a number in percent, and the plot exists.
     row = next(line for line in md.splitlines()
                if line.startswith(f"| {items.ITEMS[name].runs[0].label} |"))
@@ -231,6 +238,8 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     planned = []
     monkeypatch.setattr(reproduce, "ensure_runs",
                         lambda jobs, **k: planned.extend((r.label, s) for r, s in jobs))
+    seeds = {}
+    monkeypatch.setattr(gradient_probe, "ensure", lambda **k: seeds.update(k) or [])
     recs = tmp_path / "runs" / "arith"
     recs.mkdir(parents=True)
     rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.55}]
@@ -248,3 +257,4 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     assert "| λ=4.0 | 2 |" in text and "| GSPO | 3 |" in text  # the third λ=4 record unread
     assert "Seeds per run: 3 (the item asks for at least 3)." in text
     assert "λ=4.0: 2 seed(s) of the 2 planned: at λ = 4 a wrong response" in text
+    assert seeds["seeds"] == 3 and seeds["probe"]  # the probe runs beside the item's grid

@@ -1,0 +1,136 @@
+"""Same batches, every IBPO variant: where each one sends the update's gradient (issue 16).
+
+The `variants` item trains each variant and averages its diagnostics over its own run, so two
+variants are compared on different batches and different policies. This probe holds both
+fixed: the task's warm-started base policy samples `BATCHES` rollout batches per seed (the
+run's sampler, prompts and G), and on each batch every IBPO variant of the item computes its
+credit and the trainer's own Appendix A diagnostic (`pg_variance.measure`, at the policy that
+sampled the batch) beside the same batch's GSPO counterpart:
+
+- `pg_var_ratio`: the variance across groups of the per-group gradient, variant / GSPO;
+- `pg_noise_ratio` (and `_gspo`): that variance over the squared norm of the mean gradient;
+  a shaping that only rescales the gradient leaves it unchanged;
+- `grad_share_before_error` (and `_gspo`): of the gradient that the wrong responses φ scores
+  carry, the share flowing through their tokens before the first error;
+- `adv_sign_flip_frac`, `adv_mass_before_error`: the credit's own statistics.
+
+Each seed's per-batch values are a record under
+experiments/results/runs/<task>/gradient_probe_s<seed>.json; the section it adds to
+`variants.md` is rebuilt from those records without sampling again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from experiments import items as items_lib
+from ibpo_jax import config, sharding
+from ibpo_jax.trainer import loop, pg_variance, step
+
+ROOT = items_lib.ROOT
+BATCHES = 4  # rollout batches per seed: each costs every variant's diagnostic (~8 s each)
+KEYS = ("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "grad_share_before_error",
+        "grad_share_before_error_gspo", "adv_sign_flip_frac", "adv_mass_before_error")
+
+
+def variants() -> list[items_lib.Run]:
+    """The IBPO runs of the `variants` item (its GSPO baselines are each batch's `_gspo`)."""
+    return [r for r in items_lib.ITEMS["variants"].runs if r.algo.startswith("ibpo")]
+
+
+def _functions(trainer: loop.Trainer, cfg: config.RunConfig):
+    spec = step.StepSpec.from_config(cfg, trainer.base.config, trainer.base.options)
+    return (jax.jit(functools.partial(step.credit, spec)),
+            jax.jit(functools.partial(pg_variance.measure, spec)))
+
+
+def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int = 0) -> dict:
+    """One seed's record: per variant label, per key, the value on each batch (the first
+    `n_variants` variants only, if > 0)."""
+    overrides = [*extra, ("seed", str(seed))]
+    load = lambda algo, more=(): config.load(  # noqa: E731
+        f"{ROOT / 'configs' / f'{algo}.py'}:{preset}", [*overrides, *more])
+    runs = variants()[:n_variants or None]
+    values: dict[str, dict[str, list[float]]] = {r.label: {k: [] for k in KEYS} for r in runs}
+    with tempfile.TemporaryDirectory() as workdir:
+        trainer = loop.Trainer(load("ibpo_gspo"), workdir, log=lambda *_: None)
+        base = json.loads((Path(workdir) / "base.json").read_text())
+        fns = {r.label: _functions(trainer, load(r.algo, r.overrides)) for r in runs}
+        g = trainer.cfg.rollout.group_size
+        try:
+            for k in range(batches):
+                with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
+                    key = jax.random.fold_in(trainer.seed_key, k)
+                records, prompts, out = trainer.sample(key)
+                rows, tokens = sharding.local_rows(out.tokens)
+                lengths = sharding.host_array(out.lengths)
+                reward, correct, ended, _ = trainer.score(
+                    [records[i // g] for i in rows], tokens, lengths[rows])
+                rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended,
+                                                lengths)
+                prompt_len = np.repeat(prompts.lengths, g)
+                plan = trainer.packing_plan(prompt_len, prompt_len, prompts.tokens.shape[1], 0,
+                                            identity=True)
+                for label, (credit_fn, measure_fn) in fns.items():
+                    with jax.set_mesh(trainer.mesh):
+                        cred, metrics = credit_fn(rollout, trainer.is_delim)
+                        diag = measure_fn(trainer.state, trainer.base.params, rollout, cred,
+                                          plan, trainer.is_delim)
+                    got = {k: float(v) for k, v in jax.device_get({**metrics, **diag}).items()}
+                    for name in KEYS:
+                        values[label][name].append(got[name])
+        finally:
+            trainer.close()
+    return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
+            "values": values}
+
+
+def ensure(*, preset: str, extra: tuple, seeds: int, records_dir: Path, batches: int = BATCHES,
+           n_variants: int = 0, probe: bool = True) -> list[dict]:
+    """The seeds' records, measuring those without one (unless not `probe`)."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for seed in range(seeds):
+        path = records_dir / f"gradient_probe_s{seed}.json"
+        if not path.exists():
+            if not probe:
+                continue
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(measure(preset, extra, seed, batches, n_variants)) + "\n")
+            os.replace(tmp, path)
+        recs.append(json.loads(path.read_text()))
+    return recs
+
+
+def _cell(recs: list[dict], label: str, key: str) -> str:
+    """Mean ± sd over seeds of each seed's mean over its batches."""
+    per_seed = [statistics.mean(v) for r in recs if (v := r["values"].get(label, {}).get(key))]
+    if not per_seed:
+        return "—"
+    sd = statistics.stdev(per_seed) if len(per_seed) > 1 else float("nan")
+    return f"{statistics.mean(per_seed):.3f}" + ("" if sd != sd else f" ± {sd:.3f}")
+
+
+def section(recs: list[dict], *, command: str) -> list[str]:
+    """The Markdown section `variants.md` gains (empty without records)."""
+    if not recs:
+        return []
+    labels = [r.label for r in variants()]
+    lines = ["", "## Same batches, at the base policy", "",
+             f"Produced by `{command}` (`experiments/gradient_probe.py`, records "
+             f"`gradient_probe_s*.json`): {recs[0]['batches']} rollout batch(es) of the base "
+             f"policy per seed, {len(recs)} seed(s); on each batch every variant's credit and "
+             "diagnostics beside GSPO's on the same batch (`_gspo`). Mean ± sd over seeds of "
+             "the per-seed means.", "",
+             "| variant | " + " | ".join(KEYS) + " |", "|" + "---|" * (len(KEYS) + 1)]
+    for label in labels:
+        lines.append(f"| {label} | " + " | ".join(_cell(recs, label, k) for k in KEYS) + " |")
+    return lines
