@@ -258,3 +258,11 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     assert "Seeds per run: 3 (the item asks for at least 3)." in text
     assert "λ=4.0: 2 seed(s) of the 2 planned: at λ = 4 a wrong response" in text
     assert seeds["seeds"] == 3 and seeds["probe"]  # the probe runs beside the item's grid
+
+
+def test_a_metric_that_some_seeds_lack_says_over_how_many_it_is():
+    # (a diagnostic added after some of a cell's runs: their records do not have it)
+    assert report._metric_cell([0.25, 0.75], 3, "grad_share_before_error") == \
+        "0.5000 ± 0.3536 (2 seeds)"
+    assert report._metric_cell([0.5, 0.5, 0.5], 3, "pg_var_ratio") == "0.5000 ± 0.0000"
+    assert report._metric_cell([], 3, "pg_var_ratio") == "—"
