@@ -53,7 +53,7 @@ ARITH_TINY = {
 # characters on average (at most 131), responses 74 (at most 87). The base after 500
 # warm-start steps solves 15-40 % (sampled avg@8), the range aimed at: 33 % on the Intel
 # host that calibrated it (3 % after 400 steps, 82 % after 800: README, "The long task"),
-# 24 % for the base committed in experiments/warm_starts/. 200 RL steps (about 16 min on 2
+# 24 % for the base committed in experiments/warm_starts/. 200 RL steps (about 15 min on 2
 # cores): in 100, neither GSPO nor IBPO moved the legacy base; in 200 both gain ~8 points.
 ARITH_LONG = {
     **ARITH_TINY,
