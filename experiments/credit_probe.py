@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 
-from ibpo_jax import comparison, config, sharding
+from experiments import base_probe
+from ibpo_jax import comparison, config
 from ibpo_jax.trainer import credit, loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,15 +59,10 @@ def _majority(e_row: np.ndarray, peers: np.ndarray) -> int:
     return int(values[np.argmax(counts)])  # np.unique sorts: ties go to the earliest
 
 
-def count_batch(trainer: loop.Trainer, key: jax.Array) -> dict[str, list[int]]:
+def count_batch(trainer: loop.Trainer, batch: base_probe.Batch) -> dict[str, list[int]]:
     """[agree, earlier, later, scored] per signal for one rollout batch of the base policy."""
     g = trainer.cfg.rollout.group_size
-    records, prompts, out = trainer.sample(key)
-    rows, tokens = sharding.local_rows(out.tokens)
-    lengths = sharding.host_array(out.lengths)
-    reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
-                                                  lengths[rows])
-    rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    rollout, correct, infos = batch.rollout, batch.correct, batch.infos
     u = comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
                                   trainer.is_delim, granularity="step")
     units, n_units = u.units.reshape(-1, g, u.units.shape[1]), u.n_units.reshape(-1, g)
@@ -101,17 +95,10 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     overrides = [*extra, ("seed", str(seed))]
     cfg = config.load(f"{ROOT / 'configs' / 'gspo.py'}:{preset}", overrides)
     total: dict[str, list[int]] = {}
-    with tempfile.TemporaryDirectory() as workdir:
-        trainer = loop.Trainer(cfg, workdir, log=lambda *_: None)
-        base = json.loads((Path(workdir) / "base.json").read_text())
-        try:
-            for k in range(batches):
-                with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
-                    key = jax.random.fold_in(trainer.seed_key, k)
-                for name, c in count_batch(trainer, key).items():
-                    total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
-        finally:
-            trainer.close()
+    with base_probe.base_trainer(cfg) as (trainer, base):
+        for k in range(batches):
+            for name, c in count_batch(trainer, base_probe.sample_batch(trainer, k)).items():
+                total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
     return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
             "counts": total}
 
@@ -120,17 +107,9 @@ def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_d
               command: str, batches: int = BATCHES, probe: bool = True) -> list[Path]:
     """Measures the seeds without a record (unless not `probe`), then writes credit.md /
     .json / .png from the records (nothing when there are none)."""
-    records_dir.mkdir(parents=True, exist_ok=True)
-    recs = []
-    for seed in range(seeds):
-        path = records_dir / f"credit_s{seed}.json"
-        if not path.exists():
-            if not probe:
-                continue
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(measure(preset, extra, seed, batches)) + "\n")
-            os.replace(tmp, path)
-        recs.append(json.loads(path.read_text()))
+    recs = base_probe.seed_records(records_dir, "credit", seeds,
+                                   lambda seed: measure(preset, extra, seed, batches),
+                                   probe=probe)
     return write(recs, out_dir=out_dir, command=command, records_dir=records_dir) if recs else []
 
 

@@ -22,17 +22,15 @@ experiments/results/runs/<task>/gradient_probe_s<seed>.json; the section it adds
 from __future__ import annotations
 
 import functools
-import json
-import os
 import statistics
-import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 
+from experiments import base_probe
 from experiments import items as items_lib
-from ibpo_jax import config, sharding
+from ibpo_jax import config
 from ibpo_jax.trainer import loop, pg_variance, step
 
 ROOT = items_lib.ROOT
@@ -60,35 +58,22 @@ def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int 
         f"{ROOT / 'configs' / f'{algo}.py'}:{preset}", [*overrides, *more])
     runs = variants()[:n_variants or None]
     values: dict[str, dict[str, list[float]]] = {r.label: {k: [] for k in KEYS} for r in runs}
-    with tempfile.TemporaryDirectory() as workdir:
-        trainer = loop.Trainer(load("ibpo_gspo"), workdir, log=lambda *_: None)
-        base = json.loads((Path(workdir) / "base.json").read_text())
+    with base_probe.base_trainer(load("ibpo_gspo")) as (trainer, base):
         fns = {r.label: _functions(trainer, load(r.algo, r.overrides)) for r in runs}
         g = trainer.cfg.rollout.group_size
-        try:
-            for k in range(batches):
-                with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
-                    key = jax.random.fold_in(trainer.seed_key, k)
-                records, prompts, out = trainer.sample(key)
-                rows, tokens = sharding.local_rows(out.tokens)
-                lengths = sharding.host_array(out.lengths)
-                reward, correct, ended, _ = trainer.score(
-                    [records[i // g] for i in rows], tokens, lengths[rows])
-                rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended,
-                                                lengths)
-                prompt_len = np.repeat(prompts.lengths, g)
-                plan = trainer.packing_plan(prompt_len, prompt_len, prompts.tokens.shape[1], 0,
-                                            identity=True)
-                for label, (credit_fn, measure_fn) in fns.items():
-                    with jax.set_mesh(trainer.mesh):
-                        cred, metrics = credit_fn(rollout, trainer.is_delim)
-                        diag = measure_fn(trainer.state, trainer.base.params, rollout, cred,
-                                          plan, trainer.is_delim)
-                    got = {k: float(v) for k, v in jax.device_get({**metrics, **diag}).items()}
-                    for name in KEYS:
-                        values[label][name].append(got[name])
-        finally:
-            trainer.close()
+        for k in range(batches):
+            batch = base_probe.sample_batch(trainer, k)
+            prompt_len = np.repeat(batch.prompts.lengths, g)
+            plan = trainer.packing_plan(prompt_len, prompt_len, batch.prompts.tokens.shape[1],
+                                        0, identity=True)
+            for label, (credit_fn, measure_fn) in fns.items():
+                with jax.set_mesh(trainer.mesh):
+                    cred, metrics = credit_fn(batch.rollout, trainer.is_delim)
+                    diag = measure_fn(trainer.state, trainer.base.params, batch.rollout, cred,
+                                      plan, trainer.is_delim)
+                got = {k: float(v) for k, v in jax.device_get({**metrics, **diag}).items()}
+                for name in KEYS:
+                    values[label][name].append(got[name])
     return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
             "values": values}
 
@@ -96,18 +81,9 @@ def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int 
 def ensure(*, preset: str, extra: tuple, seeds: int, records_dir: Path, batches: int = BATCHES,
            n_variants: int = 0, probe: bool = True) -> list[dict]:
     """The seeds' records, measuring those without one (unless not `probe`)."""
-    records_dir.mkdir(parents=True, exist_ok=True)
-    recs = []
-    for seed in range(seeds):
-        path = records_dir / f"gradient_probe_s{seed}.json"
-        if not path.exists():
-            if not probe:
-                continue
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(measure(preset, extra, seed, batches, n_variants)) + "\n")
-            os.replace(tmp, path)
-        recs.append(json.loads(path.read_text()))
-    return recs
+    return base_probe.seed_records(
+        records_dir, "gradient_probe", seeds,
+        lambda seed: measure(preset, extra, seed, batches, n_variants), probe=probe)
 
 
 def _cell(recs: list[dict], label: str, key: str) -> str:
