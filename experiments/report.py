@@ -125,16 +125,18 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         ok = m == "higher" and v == "lower"
         short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
         return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
-    if item.name == "sizes":
-        if not {"GSPO", "IBPO-GSPO", "GSPO 2x", "IBPO 2x"} <= f.keys():
+    if item.name == "sizes":  # the half size first, then the default (the larger)
+        half = (f"GSPO {items_lib.HALF}", f"IBPO {items_lib.HALF}")
+        if not {"GSPO", "IBPO-GSPO", *half} <= f.keys():
             return _unjudged(f, "needs GSPO and IBPO-GSPO records at both sizes")
         gain = lambda a, b: statistics.mean(f[a]) - statistics.mean(f[b])  # noqa: E731
-        g1, g2 = gain("IBPO-GSPO", "GSPO"), gain("IBPO 2x", "GSPO 2x")
-        r1, r2 = c("IBPO-GSPO", "GSPO"), c("IBPO 2x", "GSPO 2x")
-        ok = r2 == "higher" and g2 > g1
-        return ("holds" if ok else "partly" if "higher" in (r1, r2) else "does not hold",
-                f"IBPO - GSPO: {100 * g1:+.1f} pts at the default size ({r1}), "
-                f"{100 * g2:+.1f} at 2x ({r2})")
+        g_small, g_large = gain(half[1], half[0]), gain("IBPO-GSPO", "GSPO")
+        r_small, r_large = c(half[1], half[0]), c("IBPO-GSPO", "GSPO")
+        ok = r_large == "higher" and g_large > g_small
+        return ("holds" if ok else "partly" if "higher" in (r_small, r_large)
+                else "does not hold",
+                f"IBPO - GSPO: {100 * g_small:+.1f} pts at {items_lib.HALF} ({r_small}), "
+                f"{100 * g_large:+.1f} at the default size ({r_large})")
     pairs = {  # (challenger, baseline) pairs whose direction the paper claims
         "table1": [("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO", "SCoRe+GRPO")],
         "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],
@@ -155,11 +157,16 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
                          if f else "no records")
     if all(r.startswith("n/a") for *_, r in res):
         return "undetermined", text + " (one seed cannot say)"
-    wins = sum(r == "higher" for *_, r in res)
+    judged = [r for *_, r in res if not r.startswith("n/a")]
+    wins = judged.count("higher")
+    open_pairs = len(pairs) - len(judged)  # unrecorded, or one seed on a side
     if item.name == "variants":  # "some variant": a win settles it, a non-win needs every cell
-        open_cells = any(r.startswith("n/a") for *_, r in res)
-        return ("holds" if wins else "undetermined" if open_cells else "does not hold", text)
-    return ("holds" if wins == len(res) else "partly" if wins else "does not hold", text)
+        return ("holds" if wins else "undetermined" if open_pairs else "does not hold", text)
+    # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
+    # until then the pairs judged so far cannot say how the others will fall.
+    if open_pairs and not 0 < wins < len(judged):
+        return "incomplete", text + f" ({open_pairs} of {len(pairs)} pairs not judged yet)"
+    return ("holds" if wins == len(pairs) else "partly" if wins else "does not hold", text)
 
 
 def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None:

@@ -64,11 +64,11 @@ TASKS = {  # --task -> (preset, extra overrides)
 }
 
 
-def command(r: items_lib.Run, *, preset: str, seed: int, workdir: Path,
+def command(r: items_lib.Run, *, task: str, preset: str, seed: int, workdir: Path,
             extra: tuple[tuple[str, str], ...] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "ibpo_jax.train", f"--config=configs/{r.algo}.py:{preset}",
            f"--workdir={workdir}", f"--config.seed={seed}", "--config.train.progress=false"]
-    cmd += [f"--config.{k}={v}" for k, v in (*r.overrides, *extra)]
+    cmd += [f"--config.{k}={v}" for k, v in (*r.overrides_on(task), *extra)]
     return cmd
 
 
@@ -154,7 +154,7 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
         if record.exists():
             continue
         workdir = runs_dir / f"{r.name}_s{seed}"
-        cmd = command(r, preset=preset, seed=seed, workdir=workdir, extra=extra)
+        cmd = command(r, task=task, preset=preset, seed=seed, workdir=workdir, extra=extra)
         if (rec := compact(workdir, cmd)) is not None:  # finished, record not yet written
             _write(record, rec)
             continue

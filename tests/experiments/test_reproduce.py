@@ -120,6 +120,34 @@ def test_variants_without_a_win_stay_undetermined_while_a_cell_has_one_seed():
     assert report.verdict(items.ITEMS["variants"], summaries)[0] == "does not hold"
 
 
+def test_an_every_pair_claim_waits_for_its_pairs_unless_already_partly():
+    item = items.ITEMS["table2b"]  # λ=0.5 against GSPO, λ=0.1 and λ=2.0
+    high, low = [0.60, 0.61, 0.60], [0.50, 0.51, 0.50]
+    s = {"GSPO": low, "λ=0.5": high}
+    judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
+    short, why = judge(s)  # one pair won, two unrecorded: they could still fail
+    assert short == "incomplete" and why.endswith("(2 of 3 pairs not judged yet)")
+    assert judge(s | {"λ=0.1": [0.3]})[0] == "incomplete"  # one seed cannot judge a pair
+    assert judge(s | {"λ=0.1": high})[0] == "partly"  # a win beside a level: settled
+    assert judge({"GSPO": high, "λ=0.5": low})[0] == "incomplete"  # a loss alone is not
+    assert judge(s | {"λ=0.1": low, "λ=2.0": low})[0] == "holds"
+
+
+def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
+    item = items.ITEMS["sizes"]
+    assert [r.label for r in item.runs] == ["GSPO 0.5x", "IBPO 0.5x", "GSPO", "IBPO-GSPO"]
+    judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
+    low, mid, high = [0.40, 0.41, 0.40], [0.50, 0.51, 0.50], [0.60, 0.61, 0.60]
+    short, why = judge({"GSPO 0.5x": low, "IBPO 0.5x": low, "GSPO": mid, "IBPO-GSPO": high})
+    assert short == "holds"
+    assert why == ("IBPO - GSPO: +0.0 pts at 0.5x (level), +10.0 at the default size "
+                   "(higher)")
+    # The gain shrinks with size: only partly.
+    assert judge({"GSPO 0.5x": low, "IBPO 0.5x": high, "GSPO": mid,
+                  "IBPO-GSPO": high})[0] == "partly"
+    assert judge({"GSPO": mid, "IBPO-GSPO": high})[0] == "incomplete"
+
+
 def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
     """A budget-matched run ends before train.steps, with an evaluation at the step that
     reached train.budget: that is its final row; without it the run is still going."""
@@ -266,3 +294,23 @@ def test_a_metric_that_some_seeds_lack_says_over_how_many_it_is():
         "0.5000 ± 0.3536 (2 seeds)"
     assert report._metric_cell([0.5, 0.5, 0.5], 3, "pg_var_ratio") == "0.5000 ± 0.0000"
     assert report._metric_cell([], 3, "pg_var_ratio") == "—"
+
+
+@pytest.mark.parametrize("task", sorted(reproduce.TASKS))
+def test_every_run_of_the_grid_starts_from_a_committed_base(task, tmp_path, monkeypatch):
+    """A run whose base is not committed warm-starts one on its host, which another host
+    cannot reproduce bit for bit (records from two bases are never compared)."""
+    from ibpo_jax import train
+    from ibpo_jax.trainer import loop, policy
+
+    monkeypatch.setenv("IBPO_DATA_DIR", str(tmp_path))  # not the user's cache
+    preset, extra = reproduce.TASKS[task]
+    missing = set()
+    for run in {r for item in items.ITEMS.values() for r in item.runs}:
+        cmd = reproduce.command(run, task=task, preset=preset, seed=0, workdir=tmp_path,
+                                extra=extra)
+        _, cfg = train.parse(cmd[3:])
+        path = policy.warm_start_dir(cfg, loop.build_tokenizer(cfg).vocab_size)
+        if not (path.parent == policy.COMMITTED and (path / "model.safetensors").exists()):
+            missing.add(f"{run.label}: {path.name}")
+    assert not missing, sorted(missing)
