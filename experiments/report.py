@@ -219,6 +219,23 @@ def _metric_cell(values: list[float], n_recs: int, key: str) -> str:
     return cell if not values or len(values) == n_recs else f"{cell} ({len(values)} seeds)"
 
 
+def mixed_bases(data: dict[str, list[dict]]) -> str:
+    """Why the records do not share their bases, or "". A base's `source` names the config
+    that warm-starts it (C.1's two sizes have two, by design); one source warm-started on
+    two hosts gives two sets of weights (two sha256), and a run's seeds must share one."""
+    weights: dict[str, set[str]] = {}
+    for label, recs in data.items():
+        if len(bases := {json.dumps(r.get("base"), sort_keys=True) for r in recs}) > 1:
+            return f"the seeds of {label} start from {len(bases)} different base policies " \
+                f"({', '.join(sorted(bases))})"
+        for r in recs:
+            base = r.get("base") or {}
+            weights.setdefault(base.get("source", "?"), set()).add(base.get("sha256", "?"))
+    return next((f"base {src} has {len(shas)} different sets of weights "
+                 f"(sha256 {', '.join(sorted(shas))})"
+                 for src, shas in sorted(weights.items()) if len(shas) > 1), "")
+
+
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
                command: str, missing: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -251,11 +268,9 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
                  item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
     short, why = verdict(item, s)
-    if len(bases := {json.dumps(rec.get("base"), sort_keys=True)
-                     for recs in data.values() for rec in recs}) > 1:
+    if mixed := mixed_bases(data):
         # Never compare runs that started from different policies (records' `base`).
-        short, why = "mixed bases", f"the records start from {len(bases)} different base " \
-            f"policies ({', '.join(sorted(bases))}); rerun them on one base"
+        short, why = "mixed bases", f"{mixed}; rerun them on one base"
     if missing_runs := [r.label for r in runs if not data[r.label]]:
         # A verdict from part of the grid says so (also in the summary table).
         short += f" (so far: {len(runs) - len(missing_runs)} of {len(runs)} runs)"

@@ -243,6 +243,21 @@ def test_records_from_different_bases_are_not_compared(tmp_path):
     assert json.loads((tmp_path / "curves.json").read_text())["verdict"] == "mixed bases"
 
 
+def test_two_bases_are_mixed_only_when_one_config_has_two_sets_of_weights():
+    def recs(source, sha):
+        return [{"base": {"source": source, "sha256": sha}}] * 2
+
+    # C.1: each size starts from its own base, by design.
+    assert report.mixed_bases({"GSPO 0.5x": recs("arith_half", "1"),
+                               "GSPO": recs("arith_default", "2")}) == ""
+    # The same warm-start config made on two hosts: two sets of weights.
+    assert "arith_default has 2" in report.mixed_bases({"GSPO": recs("arith_default", "2"),
+                                                        "IBPO": recs("arith_default", "3")})
+    # A run's seeds on two bases.
+    assert "seeds of GSPO" in report.mixed_bases(
+        {"GSPO": recs("arith_default", "2") + recs("arith_half", "1")})
+
+
 def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "ensure_runs", lambda *a, **k: pytest.fail("trained"))
     recs = tmp_path / "runs" / "arith"
