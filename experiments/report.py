@@ -219,6 +219,11 @@ def _metric_cell(values: list[float], n_recs: int, key: str) -> str:
     return cell if not values or len(values) == n_recs else f"{cell} ({len(values)} seeds)"
 
 
+def _source(recs: list[dict]) -> str | None:
+    """The base a run's records start from (None for records without one)."""
+    return (recs[0].get("base") or {}).get("source") if recs else None
+
+
 def mixed_bases(data: dict[str, list[dict]]) -> str:
     """Why the records do not share their bases, or "". A base's `source` names the config
     that warm-starts it (C.1's two sizes have two, by design); one source warm-started on
@@ -250,11 +255,16 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         return [md, js]
     data = {r.label: load(records_dir, r, r.seeds(seeds)) for r in runs}
     s = {label: summarize(recs, item.metrics) for label, recs in data.items()}
-    base = s.get("GSPO") or next(iter(s.values()))
-    threshold = statistics.mean(base["final"]) if base["final"] else math.nan
+    # §4.2's steps to the baseline's final, against GSPO on the same base (C.1's sizes each
+    # start from their own): per base source, the first of GSPO, GSPO <variant>, first row.
+    thresholds: dict[str | None, float] = {}
+    for label in ["GSPO", *(x for x in s if x.startswith("GSPO ")), next(iter(s))]:
+        if label in s and s[label]["final"]:
+            thresholds.setdefault(_source(data[label]), statistics.mean(s[label]["final"]))
     reference = "GSPO's" if "GSPO" in s else "the first row's"
     head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", "vs first row",
-            f"steps to {reference} final", *item.metrics, "min / run (median pace)", "paper"]
+            f"steps to {reference} final" + (" on its base" if len(thresholds) > 1 else ""),
+            *item.metrics, "min / run (median pace)", "paper"]
     lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     first = next(iter(s.values()))["final"]
     for r in runs:
@@ -262,7 +272,8 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
                  fmt(v["gain"], 100),
                  compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
-                 steps_to(recs, threshold) if recs and threshold == threshold else "—",
+                 steps_to(recs, thresholds[_source(recs)])
+                 if recs and _source(recs) in thresholds else "—",
                  *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
                  fmt(v["time_min"]),
                  item.paper.get(r.label, "—")]

@@ -258,6 +258,30 @@ def test_two_bases_are_mixed_only_when_one_config_has_two_sets_of_weights():
         {"GSPO": recs("arith_default", "2") + recs("arith_half", "1")})
 
 
+def test_steps_to_the_baseline_count_against_gspo_on_the_same_base(tmp_path):
+    def record(source, accs):
+        return {"base": {"source": source, "sha256": source}, "config": {},
+                "rows": [{"step": 50 * i, "eval_accuracy": a} for i, a in enumerate(accs)]}
+
+    item = items.ITEMS["sizes"]
+    recs = {"GSPO 0.5x": record("half", [0.50, 0.52, 0.54]),
+            "IBPO 0.5x": record("half", [0.50, 0.54, 0.55]),
+            "GSPO": record("default", [0.20, 0.30, 0.40]),
+            "IBPO-GSPO": record("default", [0.20, 0.35, 0.42])}
+    (tmp_path / "runs").mkdir()
+    for r in item.runs:
+        for s in range(2):
+            (tmp_path / "runs" / f"{r.name}_s{s}.json").write_text(json.dumps(recs[r.label]))
+    report.write_item(item, runs=item.runs, seeds=2, records_dir=tmp_path / "runs",
+                      out_dir=tmp_path, command="test", missing="")
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in
+            (tmp_path / "sizes.md").read_text().splitlines() if line.startswith("| ")}
+    assert "steps to GSPO's final on its base" in rows["run"]
+    # 0.54 (GSPO 0.5x's final) is reached at step 50 by IBPO 0.5x, not against GSPO's 0.40.
+    assert rows["IBPO 0.5x"][6] == "50" and rows["GSPO 0.5x"][6] == "100"
+    assert rows["IBPO-GSPO"][6] == "100" and rows["GSPO"][6] == "100"
+
+
 def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce, "ensure_runs", lambda *a, **k: pytest.fail("trained"))
     recs = tmp_path / "runs" / "arith"
