@@ -7,7 +7,10 @@ the item's own per-step metrics) and <item>.json (the verdict, for the summary t
 
 "Higher" / "lower" below means the difference of the seed means exceeds twice its standard
 error, sqrt(sd_a²/n_a + sd_b²/n_b); otherwise "level". With 2-3 seeds that is a coarse test: a
-"level" says the seeds cannot tell the two apart, not that they are equal.
+"level" says the seeds cannot tell the two apart, not that they are equal. An "every pair"
+claim needs each of its pairs to win, which a loose per-pair test cannot make easier; a "some
+cell wins" claim (`variants`, 7 cells) would be won by chance far too often, so its win also
+needs Welch's t-test at p < 0.05 after Holm's correction over the cells.
 """
 
 from __future__ import annotations
@@ -55,6 +58,33 @@ def compare(a: list[float], b: list[float]) -> str:
     (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
     se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
     return "higher" if ma - mb > 2 * se else "lower" if mb - ma > 2 * se else "level"
+
+
+def welch_p(a: list[float], b: list[float]) -> float:
+    """Two-sided p-value of Welch's t-test that a and b have the same mean (nan with fewer
+    than 2 seeds on a side; 0 or 1 when neither side varies)."""
+    if len(a) < 2 or len(b) < 2:
+        return math.nan
+    (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
+    va, vb = sa**2 / len(a), sb**2 / len(b)
+    if va + vb == 0:
+        return float(ma == mb)
+    from scipy import stats  # a dependency of jax
+
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return float(2 * stats.t.sf(abs(ma - mb) / math.sqrt(va + vb), df))
+
+
+def holm(ps: list[float], m: int) -> list[float]:
+    """Holm-adjusted p-values of `ps` (in their order) in a family of m ≥ len(ps) hypotheses.
+    The m - len(ps) not tested yet count as the largest p-values: a hypothesis rejected so is
+    rejected however they fall, so a win can be settled before its family is complete."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [1.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * ps[i]))
+        out[i] = running
+    return out
 
 
 def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
@@ -146,7 +176,7 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],
         # Each IBPO variant against GSPO with the same advantage normalization.
         "variants": [(label, "GSPO no std division" if "no std" in label else "GSPO")
-                     for label in s if not label.startswith("GSPO")],
+                     for label in (r.label for r in item.runs) if not label.startswith("GSPO")],
     }.get(item.name, [])
     if not pairs:
         return "see table", "descriptive item: read the table and plots"
@@ -161,12 +191,28 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     wins = judged.count("higher")
     open_pairs = len(pairs) - len(judged)  # unrecorded, or one seed on a side
     if item.name == "variants":  # "some variant": a win settles it, a non-win needs every cell
-        return ("holds" if wins else "undetermined" if open_pairs else "does not hold", text)
+        return _some_cell_wins(res, f, len(pairs))
     # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
     # until then the pairs judged so far cannot say how the others will fall.
     if open_pairs and not 0 < wins < len(judged):
         return "incomplete", text + f" ({open_pairs} of {len(pairs)} pairs not judged yet)"
     return ("holds" if wins == len(pairs) else "partly" if wins else "does not hold", text)
+
+
+def _some_cell_wins(res: list[tuple[str, str, str]], f: dict, m: int, alpha: float = 0.05
+                    ) -> tuple[str, str]:
+    """The verdict of "some cell beats its baseline" over a family of m cells: a win is higher
+    by the 2-SE rule and by Welch's t-test at Holm-adjusted p < alpha (see `holm`)."""
+    judged = [(a, b, r) for a, b, r in res if not r.startswith("n/a")]
+    adjusted = holm([welch_p(f[a], f[b]) for a, b, _ in judged], m)
+    notes = {(a, b): f"{r} (p {welch_p(f[a], f[b]):.2g}, Holm {q:.2g})"
+             for (a, b, r), q in zip(judged, adjusted)}
+    wins = [a for (a, b, r), q in zip(judged, adjusted) if r == "higher" and q < alpha]
+    text = "; ".join(f"{a} vs {b}: {notes.get((a, b), r)}" for a, b, r in res)
+    text += (f" (a win needs Welch p < {alpha} after Holm's correction over the {m} cells"
+             + (f"; {m - len(judged)} not judged yet)" if len(judged) < m else ")"))
+    short = "holds" if wins else "undetermined" if len(judged) < m else "does not hold"
+    return short, text
 
 
 def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None:

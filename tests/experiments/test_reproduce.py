@@ -2,6 +2,7 @@
 hold numbers, and the summary links them; finished runs are not trained again."""
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -107,13 +108,44 @@ def test_variants_are_judged_against_gspo_with_the_same_normalization():
          "no std division": [0.40, 0.41, 0.40], "token credit": [0.45, 0.46, 0.45]}
     short, why = report.verdict(items.ITEMS["variants"], {k: {"final": v} for k, v in s.items()})
     assert short == "holds"
-    assert why == ("no std division vs GSPO no std division: higher; "
-                   "token credit vs GSPO: lower")
+    assert "no std division vs GSPO no std division: higher (p " in why
+    assert "token credit vs GSPO: lower (p " in why
+    assert why.endswith("over the 7 cells; 5 not judged yet)")
+
+
+def test_welch_p_matches_scipy_and_holm_matches_hand_values():
+    from scipy import stats
+
+    a, b = [0.50, 0.52, 0.51], [0.48, 0.47, 0.50, 0.49]
+    assert report.welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    assert report.welch_p([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(0.0213, abs=1e-4)
+    assert report.welch_p([0.5, 0.5], [0.4, 0.4]) == 0.0  # neither side varies
+    assert math.isnan(report.welch_p([0.5], [0.4, 0.41]))
+    # Sorted 0.01, 0.03, 0.04: x3 = 0.03, x2 = 0.06, x1 = 0.04 -> kept at the running max 0.06.
+    assert report.holm([0.01, 0.04, 0.03], 3) == pytest.approx([0.03, 0.06, 0.06])
+    # Two more hypotheses not tested yet count as the largest p-values.
+    assert report.holm([0.01, 0.04, 0.03], 5) == pytest.approx([0.05, 0.12, 0.12])
+
+
+def test_a_variant_that_wins_only_before_the_correction_does_not_settle_the_claim():
+    # IBPO-GSPO higher by 2 SE at p = 0.02 (t = 4.8): a win alone, not one of 7 cells.
+    s = {"GSPO": [0.318, 0.322, 0.317], "IBPO-GSPO": [0.327, 0.328, 0.325]}
+    item = items.ITEMS["variants"]
+    assert report.compare(s["IBPO-GSPO"], s["GSPO"]) == "higher"
+    assert report.welch_p(s["IBPO-GSPO"], s["GSPO"]) < 0.05
+    short, why = report.verdict(item, {k: {"final": v} for k, v in s.items()})
+    assert short == "undetermined" and "Holm" in why
+    level = {k: [0.32, 0.321, 0.322] for k in ("token credit", "token granularity",
+                                                "λ=4.0", "no std division",
+                                                "GSPO no std division", "λ=4.0, no std",
+                                                "token credit, no std")}
+    assert report.verdict(item, {k: {"final": v} for k, v in (s | level).items()})[0] \
+        == "does not hold"
 
 
 def test_variants_without_a_win_stay_undetermined_while_a_cell_has_one_seed():
     level = [0.50, 0.51, 0.50]
-    s = {"GSPO": level, "IBPO-GSPO": [0.50, 0.50, 0.51], "token credit": [0.49]}
+    s = {r.label: level for r in items.ITEMS["variants"].runs} | {"token credit": [0.49]}
     summaries = {k: {"final": v} for k, v in s.items()}
     assert report.verdict(items.ITEMS["variants"], summaries)[0] == "undetermined"
     summaries["token credit"] = {"final": [0.49, 0.50, 0.50]}
