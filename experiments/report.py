@@ -53,6 +53,8 @@ def fmt(xs: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def compare(a: list[float], b: list[float]) -> str:
     """'higher' / 'lower' / 'level' of a against b (see the module docstring)."""
+    if not a or not b:
+        return "n/a (no record)"
     if len(a) < 2 or len(b) < 2:
         return "n/a (1 seed)"
     (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
@@ -154,7 +156,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         v = compare(s["IBPO-GSPO"]["reward_var"], s["GSPO"]["reward_var"])
         ok = m == "higher" and v == "lower"
         short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
-        return short, f"IBPO's mean training reward is {m}, its reward variance {v} than GSPO's"
+        return short, (f"against GSPO's, IBPO's mean training reward is {m} and its reward "
+                       f"variance {v}")
     if item.name == "sizes":  # the half size first, then the default (the larger)
         half = (f"GSPO {items_lib.HALF}", f"IBPO {items_lib.HALF}")
         if not {"GSPO", "IBPO-GSPO", *half} <= f.keys():

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import fcntl
+import glob
 import json
 import os
 import subprocess
@@ -191,6 +192,14 @@ def _write(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
+def _recorded_seeds(records_dir: Path, runs: tuple[items_lib.Run, ...]) -> int:
+    """1 + the highest seed recorded for any of `runs` (0 when none is)."""
+    seeds = [int(p.stem.rpartition("_s")[2]) for r in runs
+             for p in records_dir.glob(f"{glob.escape(r.name)}_s*.json")
+             if p.stem.rpartition("_s")[2].isdigit()]
+    return 1 + max(seeds, default=-1)
+
+
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
               out: Path, only: tuple[str, ...] = (), train: bool = True) -> list[Path]:
     """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
@@ -211,8 +220,11 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     for name in names:
         item = items_lib.ITEMS[name]
         n_seeds = 1 if smoke else (seeds or item.min_seeds)
+        if not train and not seeds:  # a report of a grid reads every seed it has recorded
+            n_seeds = max(n_seeds, _recorded_seeds(records_dir, item.runs))
         cmd = f"python -m experiments.reproduce {name} --task {task}" + (
-            f" --seeds {seeds}" if seeds else "") + (" --smoke" if smoke else "")
+            f" --seeds {n_seeds}" if n_seeds != item.min_seeds and not smoke else "") + (
+            " --smoke" if smoke else "")
         plan.append((item, item.runs[:1] if smoke else item.runs, n_seeds, cmd, item.missing()))
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
     # items instead of idling at the end of each.
@@ -254,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("item", help=f"one of {', '.join(items_lib.ORDER)}, several joined by "
                    "commas (their runs train as one pool), or all")
     p.add_argument("--task", choices=tuple(TASKS), default="arith")
-    p.add_argument("--seeds", type=int, default=None, help="default: the item's minimum (2-3)")
+    p.add_argument("--seeds", type=int, default=None, help="default: the item's minimum (2-3); "
+                   "with --report-only, every seed recorded")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=None)

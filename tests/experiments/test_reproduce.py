@@ -333,6 +333,24 @@ def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, 
     assert "not run yet" in (tmp_path / "README.md").read_text()
 
 
+def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "ensure_runs", lambda *a, **k: pytest.fail("trained"))
+    recs = tmp_path / "runs" / "arith"
+    recs.mkdir(parents=True)
+    for name, seeds in (("gspo", 3), ("ibpo_gspo", 2), ("gspo__normalize_std=False", 5)):
+        for s in range(seeds):  # the last name is another run whose name starts like GSPO's
+            rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.5 + s}]
+            (recs / f"{name}_s{s}.json").write_text(
+                json.dumps({"base": None, "config": {}, "rows": rows}))
+    assert items.ITEMS["curves"].min_seeds == 2
+    reproduce.main(["curves", "--report-only", "--out", str(tmp_path)])
+    text = (tmp_path / "arith" / "curves.md").read_text()
+    assert "| GSPO | 3 |" in text and "| IBPO-GSPO | 2 |" in text
+    assert "`python -m experiments.reproduce curves --task arith --seeds 3`" in text
+    reproduce.main(["curves", "--report-only", "--seeds", "2", "--out", str(tmp_path)])
+    assert "| GSPO | 2 |" in (tmp_path / "arith" / "curves.md").read_text()
+
+
 def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path, monkeypatch):
     planned = []
     monkeypatch.setattr(reproduce, "ensure_runs",
