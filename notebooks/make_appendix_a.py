@@ -3,10 +3,12 @@
     python notebooks/make_appendix_a.py                    # the committed 3-seed records
     python notebooks/make_appendix_a.py --runs 'runs/ibpo_gspo_s*'
     python notebooks/make_appendix_a.py --smoke --out /tmp/nb   # trains a smoke run first
-    python notebooks/make_appendix_a.py --export runs/reproduce/arith/ibpo_gspo_s*
+    python notebooks/make_appendix_a.py --export runs/reproduce/arith_long/ibpo_gspo_s* \
+        --until 200 --runs 'experiments/results/appendix_a_rows/arith_long/*'
 
-The notebook reads run directories (or the compact records committed under
-experiments/results/legacy/runs/appendix_a/): `config.json`, `metrics.jsonl` (the `pg_var*`,
+The notebook reads run directories (or the compact copies committed under
+experiments/results/appendix_a_rows/<task>/, by default `arith_long`'s three IBPO-GSPO runs
+on its committed base): `config.json`, `metrics.jsonl` (the `pg_var*`,
 `cov_y_phi`, `lambda_max`, `first_error_agreement` keys logged every
 `diagnostics.grad_var_every` steps) and `appendix_a.jsonl` (per-row reward, φ, first error and
 the checker's true first wrong step at those steps). It is executed here with its outputs and
@@ -23,7 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-DEFAULT_RUNS = "experiments/results/legacy/runs/appendix_a/*"
+ROWS = ROOT / "experiments/results/appendix_a_rows"  # <task>/<run name>/ per exported run
+DEFAULT_RUNS = "experiments/results/appendix_a_rows/arith_long/*"
 
 CELLS = [
     ("markdown", """# Appendix A, measured
@@ -51,7 +54,7 @@ import numpy as np
 
 from ibpo_jax import advantages
 
-RUNS = os.environ.get("APPENDIX_A_RUNS", "experiments/results/legacy/runs/appendix_a/*")
+RUNS = os.environ.get("APPENDIX_A_RUNS", "experiments/results/appendix_a_rows/arith_long/*")
 FIG_DIR = Path(os.environ.get("APPENDIX_A_FIG_DIR", "notebooks"))
 dirs = sorted(d for d in glob.glob(RUNS) if Path(d, "metrics.jsonl").exists())
 assert dirs, f"no run directories match {RUNS!r}"
@@ -268,23 +271,30 @@ def smoke_runs(out: Path) -> str:
     return str(out / "smoke_s*")
 
 
-def export(run_dirs: list[Path], dest: Path) -> None:
+def export(run_dirs: list[Path], dest: Path, *, until: int | None = None) -> None:
     """Copies what the notebook reads of each run (config.json, the metrics rows' diagnostic
-    keys, appendix_a.jsonl) to dest/<run name>/: the compact records committed for a fresh
-    clone, where the run directories themselves are not."""
+    keys, appendix_a.jsonl; steps <= `until` if given, as a record cut there) to
+    dest/<task>/<run name>/ (the task: the run directory's parent, as the driver lays them
+    out): the compact records committed for a fresh clone, where the run directories
+    themselves are not."""
+    def upto(lines: list[str]) -> list[dict]:
+        rows = [json.loads(line) for line in lines if line.strip()]
+        return [r for r in rows if until is None or r["step"] <= until]
+
     keys = ("step", "eval_accuracy", "accuracy", "cov_y_phi", "lambda_max", "pg_var",
             "pg_var_gspo", "pg_var_ratio", "pg_mean_sqnorm", "pg_mean_sqnorm_gspo",
             "first_error_agreement", "phi_mean", "adv_var", "adv_var_gspo", "time_pg_var_s",
             "time_total_s")
     for run in run_dirs:
-        out = dest / run.name
+        out = dest / run.resolve().parent.name / run.name
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text((run / "config.json").read_text())
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-                if line.strip()]
+        rows = upto((run / "metrics.jsonl").read_text().splitlines())
         (out / "metrics.jsonl").write_text("".join(
             json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows))
-        (out / "appendix_a.jsonl").write_text((run / "appendix_a.jsonl").read_text())
+        (out / "appendix_a.jsonl").write_text("".join(
+            json.dumps(r, separators=(",", ":")) + "\n"
+            for r in upto((run / "appendix_a.jsonl").read_text().splitlines())))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -293,11 +303,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--smoke", action="store_true", help="train two smoke runs and analyse them")
     p.add_argument("--out", type=Path, default=HERE, help="where the notebook and PNGs go")
     p.add_argument("--export", type=Path, nargs="*", default=None,
-                   help="run directories to copy (compactly) to experiments/results/runs/"
-                   "appendix_a/ before analysing them")
+                   help="run directories to copy (compactly) to experiments/results/"
+                   "appendix_a_rows/<task>/ before analysing them")
+    p.add_argument("--until", type=int, default=None,
+                   help="--export only the steps up to this one (a run cut there)")
     args = p.parse_args(argv)
     if args.export:
-        export(args.export, ROOT / "experiments/results/runs/appendix_a")
+        export(args.export, ROWS, until=args.until)
     args.out.mkdir(parents=True, exist_ok=True)
     os.chdir(ROOT)
     runs = smoke_runs(args.out / "runs") if args.smoke else args.runs

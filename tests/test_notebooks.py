@@ -65,3 +65,27 @@ def test_appendix_a_notebook_on_smoke_runs(tmp_path, monkeypatch, smoke_data_dir
     committed = nbformat.read(HERE / "appendix_a.ipynb", as_version=4)
     assert [c.source for c in committed.cells] == [src for _, src in module.CELLS]
     assert any(c.outputs for c in committed.cells if c.cell_type == "code")
+
+
+def test_appendix_a_export_keeps_the_notebooks_keys_up_to_the_cut(tmp_path):
+    """--export copies a run compactly to ROWS/<task>/<run>/, its steps <= --until only."""
+    from importlib import util
+
+    spec = util.spec_from_file_location("make_appendix_a", HERE / "make_appendix_a.py")
+    module = util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    run = tmp_path / "reproduce" / "arith_long" / "ibpo_gspo_s0"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text('{"seed": 0}')
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "pg_var": 0.1 * s, "tokens_per_s": 9.0}) + "\n"
+        for s in (1, 20, 40)))
+    (run / "appendix_a.jsonl").write_text("".join(
+        json.dumps({"step": s, "phi": [0.5]}) + "\n" for s in (1, 20, 40)))
+    module.export([run], tmp_path / "rows", until=20)
+    out = tmp_path / "rows" / "arith_long" / "ibpo_gspo_s0"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "pg_var": 0.1}, {"step": 20, "pg_var": 2.0}]
+    recs = [json.loads(line) for line in (out / "appendix_a.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recs] == [1, 20]
+    assert (out / "config.json").read_text() == '{"seed": 0}'
