@@ -71,6 +71,11 @@ class Item:
 
 
 GSPO, IBPO = run("GSPO", "gspo"), run("IBPO-GSPO", "ibpo_gspo")
+# C.4's GRPO is also the cancellation grid's default cell (the preset's aggregation, no
+# transform): one run, trained with the shared-prefix drift logged, which the cell needs and
+# which does not change training (one more forward pass after the update, no random draws).
+GRPO = run("GRPO", "grpo", **{"cancellation.log_drift": True})
+DEFAULT_AGGREGATION, DEFAULT_TRANSFORM = "seq_mean_token_mean", "none"
 # Table 1 and Appendix B compare at equal budget_trajectories (DESIGN §6): 25,600 sampled
 # trajectories = 100 steps of 32 prompts x 8 (correction generations count 1.2, SCoRe's second
 # attempts and the PRM's Monte-Carlo rollouts count too), from a base warm-started on the
@@ -119,6 +124,15 @@ def _group(label: str, base: Run, g: int) -> Run:
     return run(label, base.algo, **{"rollout.group_size": g,
                                     "rollout.prompts_per_step": TRAJECTORIES_PER_STEP // g})
 
+def _cancel(aggregation: str, transform: str) -> Run:
+    label = f"{aggregation} / {transform}"
+    if (aggregation, transform) == (DEFAULT_AGGREGATION, DEFAULT_TRANSFORM):
+        return _as(GRPO, label)
+    return run(label, "grpo", **{"loss.aggregation": aggregation,
+                                 "cancellation.transform": transform,
+                                 "cancellation.log_drift": True})
+
+
 ITEMS = {
     "table1": Item(
         "table1", "Table 1: methods at equal budget",
@@ -162,7 +176,7 @@ ITEMS = {
         "IBPO's gain over GSPO grows with model size", min_seeds=3),  # the half size is cheap
     "optimizers": Item(
         "optimizers", "C.4: base optimizer, alone and + IBPO",
-        (run("GRPO", "grpo"), run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
+        (GRPO, run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
          run("IBPO-PPO", "ibpo_ppo")),
         {"GRPO": "30.8", "IBPO-GRPO": "35.1", "GSPO": "32.1", "IBPO-GSPO": "36.7", "PPO": "31.0",
          "IBPO-PPO": "35.8"},
@@ -182,9 +196,7 @@ ITEMS = {
         metrics=("budget_trajectories",)),
     "cancellation": Item(
         "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
-        tuple(run(f"{agg} / {tr}", "grpo", **{"loss.aggregation": agg,
-                                              "cancellation.transform": tr,
-                                              "cancellation.log_drift": True})
+        tuple(_cancel(agg, tr)
               for agg in ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
               for tr in ("none", "min_replace", "adv_orthogonal"))
         + (run("seq_mean_token_mean / clip-higher", "grpo", **{

@@ -164,7 +164,7 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
     if not todo:
         return
     print(f"[{task}] {len(todo)} run(s) to train, {parallel} at a time", flush=True)
-    done = 0
+    done, t0 = 0, time.time()
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         # Recorded as each finishes (workdirs are not committed; a stopped session keeps these).
         futures = [pool.submit(_train, job) for job in todo]
@@ -181,8 +181,10 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
                       flush=True)
                 continue
             _write(record, rec)
+            left = (time.time() - t0) / done * (len(todo) - done)  # at the pace so far
             print(f"  [{done}/{len(todo)}] {workdir.name}: {seconds / 60:.1f} min, final eval "
-                  f"{rec['rows'][-1]['eval_accuracy']:.3f}", flush=True)
+                  f"{rec['rows'][-1]['eval_accuracy']:.3f}; the rest in about "
+                  f"{left / 60:.0f} min", flush=True)
 
 
 def _write(path: Path, record: dict) -> None:

@@ -257,6 +257,16 @@ def test_sweep_cells_that_reuse_the_default_run_are_the_default(preset):
     assert cells["λ=0.5"].name == "ibpo_gspo"
     assert cells["GSPO G=8"].name == "gspo" and cells["IBPO G=8"].name == "ibpo_gspo"
     assert cells["λ=0.3"].overrides == (("ibpo.lam", "0.3"),)
+    # C.4's GRPO is the cancellation grid's default cell: only while that cell is GRPO's
+    # default loss, and logging the drift is all the run adds.
+    grpo = base.make("grpo", preset)
+    assert (grpo.loss.aggregation, grpo.cancellation.transform) == (
+        items.DEFAULT_AGGREGATION, items.DEFAULT_TRANSFORM)
+    cancel = {r.label: r for r in items.ITEMS["cancellation"].runs}
+    optim = {r.label: r for r in items.ITEMS["optimizers"].runs}
+    assert cancel["seq_mean_token_mean / none"].name == optim["GRPO"].name
+    assert optim["GRPO"].overrides == (("cancellation.log_drift", "True"),)
+    assert cancel["token_mean / none"].name != optim["GRPO"].name
 
 
 def test_records_from_different_bases_are_not_compared(tmp_path):

@@ -302,6 +302,21 @@ def test_shared_prefix_drift_across_the_step():
     assert abs(float(m["shared_logprob_drift"])) < 1e-5
 
 
+def test_logging_the_drift_does_not_change_the_update():
+    """The reproduction grid shares one GRPO run between C.4 and the cancellation grid's
+    default cell, trained with the drift logged: the update must be the plain one."""
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0)).params
+    states = []
+    for drift in (False, True):
+        cfg, spec = _spec("grpo", **{"optim.lr": 0.05, "cancellation.log_drift": drift})
+        state, m = _update(cfg, spec.with_optim(minibatches=2), rollout, params)
+        assert ("shared_logprob_drift" in m) == drift
+        states.append(state)
+    for a, b in zip(jax.tree.leaves(states[0].params), jax.tree.leaves(states[1].params)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_invalid_rows_carry_no_advantage_and_no_tokens():
     """Rollout.valid (second-round slot layouts): an invalid row is outside its group's
     statistics, gets advantage 0, and the update equals one where it has no response."""
