@@ -349,6 +349,27 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     return [md, js, out_dir / f"{item.name}.png"]
 
 
+JUDGED = ("holds", "partly", "does not hold")
+
+
+def overall(verdicts: dict[str, str]) -> str:
+    """The summary's "holds here?" from each task's verdict (task -> verdict or "not run yet")."""
+    short = {t: next((j for j in JUDGED if v == j), "") for t, v in verdicts.items()}
+    pending = [t for t, v in verdicts.items() if v == "not run yet" or v.startswith("incomplete")]
+    if pending:
+        return "not yet: " + ", ".join(f"`{t}`" for t in pending) + " to run"
+    if not all(short.values()):  # a probe's figure, "mixed bases", "undetermined": read them
+        return "see the cells"
+    kinds = set(short.values())
+    if kinds == {"holds"}:
+        return "**yes**" + (" (both tasks)" if len(short) > 1 else "")
+    if kinds == {"does not hold"}:
+        return "**no**" + (" (neither task)" if len(short) > 1 else "")
+    if kinds == {"holds", "does not hold"}:
+        return "only on " + ", ".join(f"`{t}`" for t, v in short.items() if v == "holds")
+    return "partly"
+
+
 def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
     """<out>/README.md: paper claim | one column per task | holds?"""
     lines = ["# Reproduction in miniature: which claims hold here", "",
@@ -356,16 +377,19 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
              "each cell links the item's results file. Every run starts from the committed "
              "base of its task (`experiments/warm_starts/`); results on the earlier, "
              "uncommitted bases are in [legacy/](legacy/README.md).", "",
-             "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks) + " |",
-             "|---|---|" + "---|" * len(tasks)]
+             "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks)
+             + " | holds here? |",
+             "|---|---|" + "---|" * len(tasks) + "---|"]
     for name in items_lib.ORDER:
         item = items_lib.ITEMS[name]
-        cells = []
+        verdicts = {}
         for t in tasks:
             js = out / t / f"{name}.json"
-            cells.append(f"[{json.loads(js.read_text())['verdict']}]({t}/{name}.md)"
-                         if js.exists() else "not run yet")
-        lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells) + " |")
+            verdicts[t] = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
+        cells = [v if v == "not run yet" else f"[{v}]({t}/{name}.md)"
+                 for t, v in verdicts.items()]
+        lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells)
+                     + f" | {overall(verdicts)} |")
     out.mkdir(parents=True, exist_ok=True)  # a new --out with no records yet
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")

@@ -59,6 +59,21 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
     assert (out / "arith" / f"{name}.png").stat().st_size > 1000
 
 
+def test_summary_says_whether_each_claim_holds_across_the_tasks():
+    both = ("arith", "arith_long")
+    assert report.overall(dict(zip(both, ("holds", "holds")))) == "**yes** (both tasks)"
+    assert report.overall(dict(zip(both, ("does not hold",) * 2))) == "**no** (neither task)"
+    assert report.overall(dict(zip(both, ("does not hold", "holds")))) == "only on `arith_long`"
+    assert report.overall(dict(zip(both, ("partly", "does not hold")))) == "partly"
+    assert report.overall(dict(zip(both, ("holds", "incomplete (so far: 2 of 7 runs)")))) == (
+        "not yet: `arith_long` to run")
+    assert report.overall(dict(zip(both, ("not run yet",) * 2))) == (
+        "not yet: `arith`, `arith_long` to run")
+    assert report.overall(dict(zip(both, ("default 90.9 %", "default 91.3 %")))) == (
+        "see the cells")
+    assert report.overall({"arith": "holds"}) == "**yes**"
+
+
 def test_summary_links_every_item_and_records_are_compact(smoke_out):
     out, stdout = smoke_out
     summary = (out / "README.md").read_text()
