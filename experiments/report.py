@@ -177,6 +177,7 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         "group_size": [(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)],
         "optimizers": [("IBPO-GRPO", "GRPO"), ("IBPO-GSPO", "GSPO"), ("IBPO-PPO", "PPO")],
         "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],
+        "cancellation": items_lib.CANCELLATION_FIXES,
         # Each IBPO variant against GSPO with the same advantage normalization.
         "variants": [(label, "GSPO no std division" if "no std" in label else "GSPO")
                      for label in (r.label for r in item.runs) if not label.startswith("GSPO")],
@@ -197,9 +198,27 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         return _some_cell_wins(res, f, len(pairs))
     # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
     # until then the pairs judged so far cannot say how the others will fall.
+    if item.name == "cancellation":
+        text = f"final accuracy, each fix against what it fixes: {text}; {_mechanisms(s)}"
     if open_pairs and not 0 < wins < len(judged):
         return "incomplete", text + f" ({open_pairs} of {len(pairs)} pairs not judged yet)"
     return ("holds" if wins == len(pairs) else "partly" if wins else "does not hold", text)
+
+
+def _mechanisms(s: dict[str, dict]) -> str:
+    """What the cancellation grid measures of M1 and M2 (DESIGN §5), beside its accuracies."""
+    checks = (("M1, the residual before the update", "cancellation_residual",
+               "seq_mean_token_mean / none", "token_mean / none"),
+              ("M2, the residual at the current ratios", "cancellation_residual_updates",
+               "seq_mean_token_mean / clip-higher", "seq_mean_token_mean / none"),
+              ("the residual min_replace leaves", "cancellation_residual_updates",
+               "seq_mean_token_mean / none", "seq_mean_token_mean / min_replace"))
+    out = []
+    for what, key, a, b in checks:
+        if key in s.get(a, {}) and key in s.get(b, {}) and s[a][key] and s[b][key]:
+            out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {compare(s[a][key], s[b][key])}"
+                       f" than {b} {fmt(s[b][key], digits=4)}")
+    return "; ".join(out) or "mechanisms: no records yet"
 
 
 def _some_cell_wins(res: list[tuple[str, str, str]], f: dict, m: int, alpha: float = 0.05

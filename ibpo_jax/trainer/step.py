@@ -270,8 +270,10 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     num, out = policy_terms(spec, b, logp, old_logp)
     metrics = dict(out.metrics)
     if spec.layout != "packed":  # whole groups per chunk: the residual at the current ratios
-        num_r, den_r = _per_group(spec, cancellation.residual_terms, b,
-                                  jax.lax.stop_gradient(out.weights))
+        applied = jax.lax.stop_gradient(out.weights)  # of the weights the update applies
+        if spec.cancellation.transform != "none":
+            applied = _transformed(spec, b, applied)
+        num_r, den_r = _per_group(spec, cancellation.residual_terms, b, applied)
         metrics["cancellation_residual_updates"] = losses.Stat(num_r.sum(), den_r.sum())
     if spec.is_ppo:
         vl = losses.value_loss(spec.loss, values=values, old_values=b.old_values,

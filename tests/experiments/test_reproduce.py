@@ -59,6 +59,33 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
     assert (out / "arith" / f"{name}.png").stat().st_size > 1000
 
 
+def test_cancellation_verdict_judges_each_fix_and_reports_the_mechanisms(tmp_path):
+    item = items.ITEMS["cancellation"]
+    fixed = {a for a, _ in items.CANCELLATION_FIXES}
+    assert {b for _, b in items.CANCELLATION_FIXES} | fixed == {r.label for r in item.runs}
+    (tmp_path / "runs").mkdir()
+    for r in item.runs:
+        # Only min_replace wins (by 5 points); M1: seq_mean_token_mean's residual is larger.
+        acc = 0.6 if r.label.endswith("min_replace") else 0.55
+        res = 0.3 if r.label.startswith("seq_mean_token_mean") else 0.0
+        for s in range(2):
+            rows = [{"step": 0, "eval_accuracy": 0.5},
+                    {"step": 10, "cancellation_residual": res + 0.01 * s,
+                     "cancellation_residual_updates": res + 0.01 * s, "entropy": 0.1},
+                    {"step": 200, "eval_accuracy": acc + 0.002 * s}]
+            (tmp_path / "runs" / f"{r.name}_s{s}.json").write_text(
+                json.dumps({"base": None, "config": {}, "rows": rows}))
+    report.write_item(item, runs=item.runs, seeds=2, records_dir=tmp_path / "runs",
+                      out_dir=tmp_path, command="test", missing="")
+    result = json.loads((tmp_path / "cancellation.json").read_text())
+    assert result["verdict"] == "partly"
+    text = (tmp_path / "cancellation.md").read_text()
+    assert "token_mean / min_replace vs token_mean / none: higher" in text
+    assert "token_mean / adv_orthogonal vs token_mean / none: level" in text
+    assert "M1, the residual before the update: seq_mean_token_mean / none 0.3050" in text
+    assert "is higher than token_mean / none" in text
+
+
 def test_summary_says_whether_each_claim_holds_across_the_tasks():
     both = ("arith", "arith_long")
     assert report.overall(dict(zip(both, ("holds", "holds")))) == "**yes** (both tasks)"

@@ -317,6 +317,22 @@ def test_logging_the_drift_does_not_change_the_update():
         np.testing.assert_array_equal(a, b)
 
 
+def test_residual_at_the_current_ratios_is_of_the_weights_the_update_applies():
+    """cancellation_residual_updates: min_replace gives every member of a shared node the same
+    weight, so the residual of what the updates apply is 0 where the plain weights' is not
+    (1/|y_i| differs between the members: M1)."""
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    params = models.init(ARCH, jax.random.key(0)).params
+    out = {}
+    for transform in ("none", "min_replace"):
+        cfg, spec = _spec("grpo", **{"optim.lr": 0.05, "cancellation.transform": transform,
+                                     "loss.aggregation": "seq_mean_token_mean"})
+        _, m = _update(cfg, spec.with_optim(minibatches=2), rollout, params)
+        out[transform] = float(m["cancellation_residual_updates"])
+    assert out["none"] > 1e-3
+    assert out["min_replace"] < 1e-6
+
+
 def test_invalid_rows_carry_no_advantage_and_no_tokens():
     """Rollout.valid (second-round slot layouts): an invalid row is outside its group's
     statistics, gets advantage 0, and the update equals one where it has no response."""
