@@ -173,7 +173,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     pairs = {  # (challenger, baseline) pairs whose direction the paper claims
         "table1": [("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO", "SCoRe+GRPO")],
         "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],
-        "table2b": [("λ=0.5", "GSPO"), ("λ=0.5", "λ=0.1"), ("λ=0.5", "λ=2.0")],
+        "table2b": [("λ=0.5", "GSPO"), ("λ=0.5", "λ=0.1"), ("λ=0.5", "λ=2.0"),
+                    ("GSPO", "λ=2.0")],
         "group_size": [(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)],
         "optimizers": [("IBPO-GRPO", "GRPO"), ("IBPO-GSPO", "GSPO"), ("IBPO-PPO", "PPO")],
         "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],

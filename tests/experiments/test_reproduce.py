@@ -195,16 +195,17 @@ def test_variants_without_a_win_stay_undetermined_while_a_cell_has_one_seed():
 
 
 def test_an_every_pair_claim_waits_for_its_pairs_unless_already_partly():
-    item = items.ITEMS["table2b"]  # λ=0.5 against GSPO, λ=0.1 and λ=2.0
+    item = items.ITEMS["table2b"]  # λ=0.5 against GSPO, λ=0.1 and λ=2.0; GSPO against λ=2.0
     high, low = [0.60, 0.61, 0.60], [0.50, 0.51, 0.50]
     s = {"GSPO": low, "λ=0.5": high}
     judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
     short, why = judge(s)  # one pair won, two unrecorded: they could still fail
-    assert short == "incomplete" and why.endswith("(2 of 3 pairs not judged yet)")
+    assert short == "incomplete" and why.endswith("(3 of 4 pairs not judged yet)")
     assert judge(s | {"λ=0.1": [0.3]})[0] == "incomplete"  # one seed cannot judge a pair
     assert judge(s | {"λ=0.1": high})[0] == "partly"  # a win beside a level: settled
     assert judge({"GSPO": high, "λ=0.5": low})[0] == "incomplete"  # a loss alone is not
-    assert judge(s | {"λ=0.1": low, "λ=2.0": low})[0] == "holds"
+    assert judge(s | {"λ=0.1": low, "λ=2.0": low})[0] == "partly"  # λ=2 level with GSPO
+    assert judge(s | {"λ=0.1": low, "λ=2.0": [0.40, 0.41, 0.40]})[0] == "holds"
 
 
 def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
