@@ -175,7 +175,8 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],
         "table2b": [("λ=0.5", "GSPO"), ("λ=0.5", "λ=0.1"), ("λ=0.5", "λ=2.0"),
                     ("GSPO", "λ=2.0")],
-        "group_size": [(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)],
+        "group_size": [*((f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)),
+                       ("GSPO G=16", "GSPO G=4"), ("IBPO G=16", "IBPO G=4")],  # improve with G
         "optimizers": [("IBPO-GRPO", "GRPO"), ("IBPO-GSPO", "GSPO"), ("IBPO-PPO", "PPO")],
         "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],
         "cancellation": items_lib.CANCELLATION_FIXES,
