@@ -357,9 +357,11 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         short += f" (so far: {len(runs) - len(missing_runs)} of {len(runs)} runs)"
         why += f"; not run yet: {', '.join(missing_runs)}"
     capped = [r for r in runs if r.seeds(seeds) < seeds]
-    n = min((len(data[r.label]) for r in runs if r not in capped), default=0)
+    counts = [len(data[r.label]) for r in runs if r not in capped]
+    n, most = min(counts, default=0), max(counts, default=0)
     lines += ["", f"**Holds here?** {short}: {why}.", "",
-              f"Seeds per run: {n} (the item asks for at least {item.min_seeds})."
+              f"Seeds per run: {n if n == most else f'{n}-{most}'} (the item asks for at "
+              f"least {item.min_seeds})."
               + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
               f"{r.why_fewer}." for r in capped]

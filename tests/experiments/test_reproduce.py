@@ -400,6 +400,7 @@ def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
     text = (tmp_path / "arith" / "curves.md").read_text()
     assert "| GSPO | 3 |" in text and "| IBPO-GSPO | 2 |" in text
     assert "`python -m experiments.reproduce curves --task arith --seeds 3`" in text
+    assert "Seeds per run: 2-3 (the item asks for at least 2)." in text
     reproduce.main(["curves", "--report-only", "--seeds", "2", "--out", str(tmp_path)])
     assert "| GSPO | 2 |" in (tmp_path / "arith" / "curves.md").read_text()
 
