@@ -158,6 +158,18 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
         return short, (f"against GSPO's, IBPO's mean training reward is {m} and its reward "
                        f"variance {v}")
+    if item.name == "speed":
+        if not {"IBPO-GSPO", "GSPO"} <= f.keys():
+            return _unjudged(f, "needs both GSPO and IBPO-GSPO records")
+        reached, total = s["IBPO-GSPO"]["steps_to"], s["GSPO"]["last_step"]
+        target = f"GSPO's final, {100 * statistics.mean(f['GSPO']):.1f} %"
+        if reached == "not reached":
+            return "does not hold", (f"IBPO-GSPO's seed mean never reaches {target}, in "
+                                     f"its {total} steps")
+        share = int(reached) / total
+        return ("holds" if share <= 150 / 400 else "does not hold",
+                f"IBPO-GSPO's seed mean reaches {target}, at step {reached} of {total} "
+                f"({share:.0%}; the paper: 150 of 400, 38 %)")
     if item.name == "sizes":  # the half size first, then the default (the larger)
         half = (f"GSPO {items_lib.HALF}", f"IBPO {items_lib.HALF}")
         if not {"GSPO", "IBPO-GSPO", *half} <= f.keys():
@@ -331,6 +343,10 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     for label in ["GSPO", *(x for x in s if x.startswith("GSPO ")), next(iter(s))]:
         if label in s and s[label]["final"]:
             thresholds.setdefault(_source(data[label]), statistics.mean(s[label]["final"]))
+    for label, recs in data.items():  # for §4.2's verdict
+        if recs and _source(recs) in thresholds:
+            s[label]["steps_to"] = steps_to(recs, thresholds[_source(recs)])
+            s[label]["last_step"] = max(step for rec in recs for step, _ in _evals(rec))
     reference = "GSPO's" if "GSPO" in s else "the first row's"
     head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", "vs first row",
             f"steps to {reference} final" + (" on its base" if len(thresholds) > 1 else ""),
@@ -342,8 +358,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
                  fmt(v["gain"], 100),
                  compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
-                 steps_to(recs, thresholds[_source(recs)])
-                 if recs and _source(recs) in thresholds else "—",
+                 v.get("steps_to", "—"),
                  *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
                  fmt(v["time_min"]),
                  item.paper.get(r.label, "—")]

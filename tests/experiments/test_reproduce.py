@@ -208,6 +208,29 @@ def test_an_every_pair_claim_waits_for_its_pairs_unless_already_partly():
     assert judge(s | {"λ=0.1": low, "λ=2.0": [0.40, 0.41, 0.40]})[0] == "holds"
 
 
+def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_path):
+    item = items.ITEMS["speed"]
+    (tmp_path / "runs").mkdir()
+
+    def write(ibpo_curve):
+        for r, curve in zip(item.runs, ([0.5, 0.52, 0.54, 0.56, 0.60], ibpo_curve)):
+            for s in range(2):
+                rows = [{"step": 50 * i, "eval_accuracy": a} for i, a in enumerate(curve)]
+                (tmp_path / "runs" / f"{r.name}_s{s}.json").write_text(
+                    json.dumps({"base": None, "config": {}, "rows": rows}))
+        report.write_item(item, runs=item.runs, seeds=2, records_dir=tmp_path / "runs",
+                          out_dir=tmp_path, command="test", missing="")
+        return json.loads((tmp_path / "speed.json").read_text())
+
+    fast = write([0.5, 0.61, 0.62, 0.62, 0.62])
+    assert fast["verdict"] == "holds" and "at step 50 of 200 (25%" in fast["why"]
+    slow = write([0.5, 0.55, 0.58, 0.60, 0.61])
+    assert slow["verdict"] == "does not hold" and "at step 150 of 200 (75%" in slow["why"]
+    never = write([0.5, 0.52, 0.53, 0.55, 0.58])
+    assert never["verdict"] == "does not hold" and "never reaches GSPO's final, 60.0 %" in (
+        never["why"])
+
+
 def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
     item = items.ITEMS["sizes"]
     assert [r.label for r in item.runs] == ["GSPO 0.5x", "IBPO 0.5x", "GSPO", "IBPO-GSPO"]
