@@ -210,10 +210,10 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     open_pairs = len(pairs) - len(judged)  # unrecorded, or one seed on a side
     if item.name == "variants":  # "some variant": a win settles it, a non-win needs every cell
         return _some_cell_wins(res, f, len(pairs))
-    # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
-    # until then the pairs judged so far cannot say how the others will fall.
     if item.name == "cancellation":
         text = f"final accuracy, each fix against what it fixes: {text}; {_mechanisms(s)}"
+    # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
+    # until then the pairs judged so far cannot say how the others will fall.
     if open_pairs and not 0 < wins < len(judged):
         return "incomplete", text + f" ({open_pairs} of {len(pairs)} pairs not judged yet)"
     return ("holds" if wins == len(pairs) else "partly" if wins else "does not hold", text)
