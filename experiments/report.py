@@ -392,7 +392,7 @@ JUDGED = ("holds", "partly", "does not hold")
 
 def overall(verdicts: dict[str, str]) -> str:
     """The summary's "holds here?" from each task's verdict (task -> verdict or "not run yet")."""
-    short = {t: next((j for j in JUDGED if v == j), "") for t, v in verdicts.items()}
+    short = {t: v if v in JUDGED else "" for t, v in verdicts.items()}
     pending = [t for t, v in verdicts.items() if v == "not run yet" or v.startswith("incomplete")]
     if pending:
         return "not yet: " + ", ".join(f"`{t}`" for t in pending) + " to run"

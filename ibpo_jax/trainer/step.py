@@ -216,15 +216,17 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
 
 def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array):
     """(num, LossOutput) of the run's policy loss (KL included; a cancellation transform's
-    reweighted numerator when one is set) on the rows `b.mask` selects."""
+    reweighted numerator when one is set, and its weights as `out.weights`: the ones the
+    update applies) on the rows `b.mask` selects."""
     ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
     out = LOSSES.get(spec.loss.name, key="config.loss.name")(
         spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
     num = out.num
     if spec.cancellation.transform != "none":
+        out = out._replace(weights=_transformed(spec, b, out.weights))
         num, _ = cancellation.reweighted_loss(  # the chunk holds whole groups (identity plan)
-            spec.loss, logp=logp, adv=b.adv, weights=_transformed(spec, b, out.weights),
-            mask=b.mask, ref_logp=ref_logp)
+            spec.loss, logp=logp, adv=b.adv, weights=out.weights, mask=b.mask,
+            ref_logp=ref_logp)
     if b.kl_anchor is not None:
         num = num + _anchor_num(spec, b, logp)
     return num, out
@@ -270,10 +272,8 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     num, out = policy_terms(spec, b, logp, old_logp)
     metrics = dict(out.metrics)
     if spec.layout != "packed":  # whole groups per chunk: the residual at the current ratios
-        applied = jax.lax.stop_gradient(out.weights)  # of the weights the update applies
-        if spec.cancellation.transform != "none":
-            applied = _transformed(spec, b, applied)
-        num_r, den_r = _per_group(spec, cancellation.residual_terms, b, applied)
+        num_r, den_r = _per_group(spec, cancellation.residual_terms, b,  # of what it applies
+                                  jax.lax.stop_gradient(out.weights))
         metrics["cancellation_residual_updates"] = losses.Stat(num_r.sum(), den_r.sum())
     if spec.is_ppo:
         vl = losses.value_loss(spec.loss, values=values, old_values=b.old_values,
