@@ -161,18 +161,19 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
             _write(record, rec)
             continue
         todo.append((cmd, workdir, runs_dir / "logs" / f"{r.name}_s{seed}.log"))
-        by_workdir[workdir] = (record, cmd)
+        # A resumed run takes a fraction of a whole one: it does not set the pace.
+        by_workdir[workdir] = (record, cmd, not any((workdir / "checkpoints").glob("*")))
     if not todo:
         return
     print(f"[{task}] {len(todo)} run(s) to train, {parallel} at a time", flush=True)
-    done, t0 = 0, time.time()
+    done, whole = 0, []  # minutes of each run trained from its first step
     with concurrent.futures.ThreadPoolExecutor(max_workers=parallel) as pool:
         # Recorded as each finishes (workdirs are not committed; a stopped session keeps these).
         futures = [pool.submit(_train, job) for job in todo]
         for future in concurrent.futures.as_completed(futures):
             workdir, seconds, err = future.result()
             done += 1
-            record, cmd = by_workdir[workdir]
+            record, cmd, fresh = by_workdir[workdir]
             rec = compact(workdir, cmd)
             if err == BUSY:
                 print(f"  [{done}/{len(todo)}] {workdir.name}: skipped ({err})", flush=True)
@@ -182,10 +183,13 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
                       flush=True)
                 continue
             _write(record, rec)
-            left = (time.time() - t0) / done * (len(todo) - done)  # at the pace so far
-            print(f"  [{done}/{len(todo)}] {workdir.name}: {seconds / 60:.1f} min, final eval "
-                  f"{rec['rows'][-1]['eval_accuracy']:.3f}; the rest in about "
-                  f"{left / 60:.0f} min", flush=True)
+            whole += [seconds / 60] if fresh else []
+            pace = sum(whole) / len(whole) / parallel if whole else 0.0  # min a run, wall
+            left = (f"; the rest in about {pace * (len(todo) - done):.0f} min"
+                    if pace and done < len(todo) else "")
+            print(f"  [{done}/{len(todo)}] {workdir.name}: {seconds / 60:.1f} min"
+                  f"{'' if fresh else ' (resumed)'}, final eval "
+                  f"{rec['rows'][-1]['eval_accuracy']:.3f}{left}", flush=True)
 
 
 def _write(path: Path, record: dict) -> None:
