@@ -374,6 +374,8 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     capped = [r for r in runs if r.seeds(seeds) < seeds]
     counts = [len(data[r.label]) for r in runs if r not in capped]
     n, most = min(counts, default=0), max(counts, default=0)
+    if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
+        short += f" (so far: {n if n == most else f'{n}-{most}'} of {item.min_seeds} seeds)"
     lines += ["", f"**Holds here?** {short}: {why}.", "",
               f"Seeds per run: {n if n == most else f'{n}-{most}'} (the item asks for at "
               f"least {item.min_seeds})."
@@ -393,7 +395,8 @@ JUDGED = ("holds", "partly", "does not hold")
 def overall(verdicts: dict[str, str]) -> str:
     """The summary's "holds here?" from each task's verdict (task -> verdict or "not run yet")."""
     short = {t: v if v in JUDGED else "" for t, v in verdicts.items()}
-    pending = [t for t, v in verdicts.items() if v == "not run yet" or v.startswith("incomplete")]
+    pending = [t for t, v in verdicts.items()
+               if v == "not run yet" or v.startswith("incomplete") or "(so far" in v]
     if pending:
         return "not yet: " + ", ".join(f"`{t}`" for t in pending) + " to run"
     if not all(short.values()):  # a probe's figure, "mixed bases", "undetermined": read them

@@ -214,16 +214,22 @@ def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_pat
 
     def write(ibpo_curve):
         for r, curve in zip(item.runs, ([0.5, 0.52, 0.54, 0.56, 0.60], ibpo_curve)):
-            for s in range(2):
+            for s in range(3):
                 rows = [{"step": 50 * i, "eval_accuracy": a} for i, a in enumerate(curve)]
                 (tmp_path / "runs" / f"{r.name}_s{s}.json").write_text(
                     json.dumps({"base": None, "config": {}, "rows": rows}))
-        report.write_item(item, runs=item.runs, seeds=2, records_dir=tmp_path / "runs",
+        report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
                           out_dir=tmp_path, command="test", missing="")
         return json.loads((tmp_path / "speed.json").read_text())
 
     fast = write([0.5, 0.61, 0.62, 0.62, 0.62])
     assert fast["verdict"] == "holds" and "at step 50 of 200 (25%" in fast["why"]
+    (tmp_path / "runs" / f"{item.runs[1].name}_s2.json").unlink()  # 2 of the 3 seeds asked
+    report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
+                      out_dir=tmp_path, command="test", missing="")
+    early = json.loads((tmp_path / "speed.json").read_text())["verdict"]
+    assert early == "holds (so far: 2-3 of 3 seeds)"
+    assert report.overall({"arith": early}) == "not yet: `arith` to run"
     slow = write([0.5, 0.55, 0.58, 0.60, 0.61])
     assert slow["verdict"] == "does not hold" and "at step 150 of 200 (75%" in slow["why"]
     never = write([0.5, 0.52, 0.53, 0.55, 0.58])
