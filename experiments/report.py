@@ -374,10 +374,11 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     capped = [r for r in runs if r.seeds(seeds) < seeds]
     counts = [len(data[r.label]) for r in runs if r not in capped]
     n, most = min(counts, default=0), max(counts, default=0)
+    span = str(n) if n == most else f"{n}-{most}"
     if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
-        short += f" (so far: {n if n == most else f'{n}-{most}'} of {item.min_seeds} seeds)"
+        short += f" (so far: {span} of {item.min_seeds} seeds)"
     lines += ["", f"**Holds here?** {short}: {why}.", "",
-              f"Seeds per run: {n if n == most else f'{n}-{most}'} (the item asks for at "
+              f"Seeds per run: {span} (the item asks for at "
               f"least {item.min_seeds})."
               + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
