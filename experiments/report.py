@@ -376,7 +376,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     n, most = min(counts, default=0), max(counts, default=0)
     span = str(n) if n == most else f"{n}-{most}"
     if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
-        short += f" (so far: {span} of {item.min_seeds} seeds)"
+        short += f" (so far: {n} of {item.min_seeds} seeds{'' if n == most else ' in some runs'})"
     lines += ["", f"**Holds here?** {short}: {why}.", "",
               f"Seeds per run: {span} (the item asks for at "
               f"least {item.min_seeds})."

@@ -199,10 +199,10 @@ def _write(path: Path, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def _recorded_seeds(records_dir: Path, runs: tuple[items_lib.Run, ...]) -> int:
-    """1 + the highest seed recorded for any of `runs` (0 when none is)."""
-    seeds = [int(p.stem.rpartition("_s")[2]) for r in runs
-             for p in records_dir.glob(f"{glob.escape(r.name)}_s*.json")
+def _recorded_seeds(records_dir: Path, run: items_lib.Run) -> int:
+    """1 + the highest seed recorded for `run` (0 when none is)."""
+    seeds = [int(p.stem.rpartition("_s")[2])
+             for p in records_dir.glob(f"{glob.escape(run.name)}_s*.json")
              if p.stem.rpartition("_s")[2].isdigit()]
     return 1 + max(seeds, default=-1)
 
@@ -226,11 +226,16 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     plan = []  # (item, its runs, seeds, command, why it cannot run)
     for name in names:
         item = items_lib.ITEMS[name]
-        n_seeds = 1 if smoke else (seeds or item.min_seeds)
-        if not train and not seeds:  # a report of a grid reads every seed it has recorded
-            n_seeds = max(n_seeds, _recorded_seeds(records_dir, item.runs))
+        n_seeds = cmd_seeds = 1 if smoke else (seeds or item.min_seeds)
+        if not train and not seeds:  # a report of a grid reads every seed it has recorded,
+            recorded = [_recorded_seeds(records_dir, r) for r in item.runs]
+            n_seeds = max([n_seeds, *recorded])
+            # and names the command that trained them: a run shared with an item of more
+            # seeds (C.3's G = 8 is C.2's GSPO) has more than this item's command trains.
+            cmd_seeds = max(cmd_seeds, min((n for r, n in zip(item.runs, recorded)
+                                            if not r.max_seeds), default=0))
         cmd = f"python -m experiments.reproduce {name} --task {task}" + (
-            f" --seeds {n_seeds}" if n_seeds != item.min_seeds and not smoke else "") + (
+            f" --seeds {cmd_seeds}" if cmd_seeds != item.min_seeds and not smoke else "") + (
             " --smoke" if smoke else "")
         plan.append((item, item.runs[:1] if smoke else item.runs, n_seeds, cmd, item.missing()))
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across

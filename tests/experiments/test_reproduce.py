@@ -228,7 +228,7 @@ def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_pat
     report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
                       out_dir=tmp_path, command="test", missing="")
     early = json.loads((tmp_path / "speed.json").read_text())["verdict"]
-    assert early == "holds (so far: 2-3 of 3 seeds)"
+    assert early == "holds (so far: 2 of 3 seeds in some runs)"
     assert report.overall({"arith": early}) == "not yet: `arith` to run"
     slow = write([0.5, 0.55, 0.58, 0.60, 0.61])
     assert slow["verdict"] == "does not hold" and "at step 150 of 200 (75%" in slow["why"]
@@ -428,8 +428,14 @@ def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
     reproduce.main(["curves", "--report-only", "--out", str(tmp_path)])
     text = (tmp_path / "arith" / "curves.md").read_text()
     assert "| GSPO | 3 |" in text and "| IBPO-GSPO | 2 |" in text
-    assert "`python -m experiments.reproduce curves --task arith --seeds 3`" in text
+    # GSPO's third seed is another item's: this one's command trains 2 seeds of each run.
+    assert "`python -m experiments.reproduce curves --task arith` from" in text
     assert "Seeds per run: 2-3 (the item asks for at least 2)." in text
+    # With IBPO's third seed every run has 3: the command says so.
+    (recs / "ibpo_gspo_s2.json").write_text(json.dumps({"base": None, "config": {}, "rows": rows}))
+    reproduce.main(["curves", "--report-only", "--out", str(tmp_path)])
+    assert "`python -m experiments.reproduce curves --task arith --seeds 3` from" in (
+        tmp_path / "arith" / "curves.md").read_text()
     reproduce.main(["curves", "--report-only", "--seeds", "2", "--out", str(tmp_path)])
     assert "| GSPO | 2 |" in (tmp_path / "arith" / "curves.md").read_text()
 
