@@ -223,25 +223,15 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
                          f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
-    plan = []  # (item, its runs, seeds, command, why it cannot run)
+    plan = []  # (item, its runs, seeds to train, why it cannot run)
     for name in names:
         item = items_lib.ITEMS[name]
-        n_seeds = cmd_seeds = 1 if smoke else (seeds or item.min_seeds)
-        if not train and not seeds:  # a report of a grid reads every seed it has recorded,
-            recorded = [_recorded_seeds(records_dir, r) for r in item.runs]
-            n_seeds = max([n_seeds, *recorded])
-            # and names the command that trained them: a run shared with an item of more
-            # seeds (C.3's G = 8 is C.2's GSPO) has more than this item's command trains.
-            cmd_seeds = max(cmd_seeds, min((n for r, n in zip(item.runs, recorded)
-                                            if not r.max_seeds), default=0))
-        cmd = f"python -m experiments.reproduce {name} --task {task}" + (
-            f" --seeds {cmd_seeds}" if cmd_seeds != item.min_seeds and not smoke else "") + (
-            " --smoke" if smoke else "")
-        plan.append((item, item.runs[:1] if smoke else item.runs, n_seeds, cmd, item.missing()))
+        plan.append((item, item.runs[:1] if smoke else item.runs,
+                     1 if smoke else (seeds or item.min_seeds), item.missing()))
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
     # items instead of idling at the end of each.
     jobs = {}
-    for item, runs, n_seeds, _, why in plan:
+    for item, runs, n_seeds, why in plan:
         if item.name != "credit" and not why:
             jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
                          if s < r.seeds(n_seeds)
@@ -250,7 +240,19 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
         ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
                     runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
     written = []
-    for item, runs, n_seeds, cmd, why in plan:
+    for item, runs, n_seeds, why in plan:
+        cmd_seeds = n_seeds
+        if not smoke and (train or not seeds):  # `--report-only --seeds N` reads N seeds;
+            # otherwise a report reads every seed recorded for its runs,
+            recorded = [_recorded_seeds(records_dir, r) for r in runs]
+            n_seeds = max([n_seeds, *recorded])
+            # and names the command that trains them: a run shared with an item of more
+            # seeds (C.3's G = 8 is C.2's GSPO) has more than this item's command trains.
+            cmd_seeds = max(cmd_seeds, min((n for r, n in zip(runs, recorded)
+                                            if not r.max_seeds), default=0))
+        cmd = f"python -m experiments.reproduce {item.name} --task {task}" + (
+            f" --seeds {cmd_seeds}" if cmd_seeds != item.min_seeds and not smoke else "") + (
+            " --smoke" if smoke else "")
         if item.name == "credit":  # a probe of the base policy, no training run
             written += credit_probe.reproduce(
                 preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
@@ -278,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("item", help=f"one of {', '.join(items_lib.ORDER)}, several joined by "
                    "commas (their runs train as one pool), or all")
     p.add_argument("--task", choices=tuple(TASKS), default="arith")
-    p.add_argument("--seeds", type=int, default=None, help="default: the item's minimum (2-3); "
-                   "with --report-only, every seed recorded")
+    p.add_argument("--seeds", type=int, default=None, help="seeds to train (default: the "
+                   "item's minimum, 2-3); reports read every seed recorded, but with "
+                   "--report-only only these")
     p.add_argument("--jobs", type=int, default=1, help="runs trained at once")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--out", type=Path, default=None)

@@ -440,6 +440,24 @@ def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
     assert "| GSPO | 2 |" in (tmp_path / "arith" / "curves.md").read_text()
 
 
+def test_a_trained_report_reads_the_seeds_other_items_recorded(tmp_path, monkeypatch):
+    # The report after training is the report-only one: the file's command reproduces it.
+    monkeypatch.setattr(reproduce, "ensure_runs", lambda *a, **k: None)
+    recs = tmp_path / "runs" / "arith"
+    recs.mkdir(parents=True)
+    for name, seeds in (("gspo", 3), ("ibpo_gspo", 2)):
+        for s in range(seeds):
+            rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.5 + s}]
+            (recs / f"{name}_s{s}.json").write_text(
+                json.dumps({"base": None, "config": {}, "rows": rows}))
+    texts = []
+    for argv in (["curves", "--seeds", "2"], ["curves", "--report-only"]):
+        reproduce.main([*argv, "--out", str(tmp_path)])
+        texts.append((tmp_path / "arith" / "curves.md").read_text())
+    assert texts[0] == texts[1]
+    assert "| GSPO | 3 |" in texts[0] and "reproduce curves --task arith` from" in texts[0]
+
+
 def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path, monkeypatch):
     planned = []
     monkeypatch.setattr(reproduce, "ensure_runs",
