@@ -230,8 +230,10 @@ def _mechanisms(s: dict[str, dict]) -> str:
     out = []
     for what, key, a, b in checks:
         if key in s.get(a, {}) and key in s.get(b, {}) and s[a][key] and s[b][key]:
-            out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {compare(s[a][key], s[b][key])}"
-                       f" than {b} {fmt(s[b][key], digits=4)}")
+            rel = compare(s[a][key], s[b][key])
+            out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {rel}"
+                       f" {'than' if rel in ('higher', 'lower') else 'with'} {b}"
+                       f" {fmt(s[b][key], digits=4)}")
     return "; ".join(out) or "mechanisms: no records yet"
 
 
