@@ -132,7 +132,9 @@ CANCELLATION_FIXES = [
       for tr in ("min_replace", "adv_orthogonal")),
     ("token_mean / none", "seq_mean_token_mean / none"),  # a constant normalizer: no M1
     ("seq_mean_token_sum_norm / none", "seq_mean_token_mean / none"),
-    ("seq_mean_token_mean / none", "seq_mean_token_mean / clip-higher"),  # symmetric clipping
+    # Symmetric clipping, on GRPO's default and on token_mean (no M1 there, so the residual
+    # the ratios leave is M2's alone).
+    *((f"{agg} / none", f"{agg} / clip-higher") for agg in ("seq_mean_token_mean", "token_mean")),
 ]
 
 
@@ -217,10 +219,14 @@ ITEMS = {
         tuple(_cancel(agg, tr) for agg in AGGREGATIONS
               for tr in ("none", "min_replace", "adv_orthogonal"))
         + (run("seq_mean_token_mean / clip-higher", "grpo", **{
-            "loss.clip_eps_high": 0.28, "cancellation.log_drift": True}),),
+            "loss.clip_eps_high": 0.28, "cancellation.log_drift": True}),
+           run("token_mean / clip-higher", "grpo", **{
+               "loss.aggregation": "token_mean", "loss.clip_eps_high": 0.28,
+               "cancellation.log_drift": True})),
         {"seq_mean_token_mean / none": "residual > 0 (M1), shared-prefix drift",
          "token_mean / none": "residual 0 on the first update; M2 under clipping",
-         "seq_mean_token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability"},
+         "seq_mean_token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability",
+         "token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability"},
         "restoring exchangeability (min_replace, adv_orthogonal, a constant normalizer, "
         "symmetric clipping) improves final accuracy; M1 and M2 leave a residual",
         metrics=("cancellation_residual", "cancellation_residual_updates",
