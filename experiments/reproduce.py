@@ -14,8 +14,11 @@ experiments/results/runs/<task>/<run name>_s<seed>.json: commit those. A run who
 exists is not trained again, so a fresh machine with the committed records rebuilds every
 table without rerunning anything, and an interrupted grid picks up where it stopped. Reports
 (experiments/results/<task>/<item>.md and PNGs, and the summary experiments/results/README.md)
-are aggregated from the records only. `--only` trains just the runs with those labels (the
-report still reads every record); a run that another driver is training is left to it.
+are aggregated from the records only, every seed recorded for a run (C.3's G = 8 is C.2's
+GSPO and has C.2's seeds), so a report is the same after training as with `--report-only`,
+and names the command that trains its item's runs. `--only` trains just the runs with those
+labels (the report still reads every record); a run that another driver is training is left
+to it.
 `--report-only` trains nothing and reports the records there are (a grid stopped midway: the
 tables say how many seeds each row has).
 
