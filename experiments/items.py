@@ -76,6 +76,9 @@ GSPO, IBPO = run("GSPO", "gspo"), run("IBPO-GSPO", "ibpo_gspo")
 # which does not change training (one more forward pass after the update, no random draws).
 GRPO = run("GRPO", "grpo", **{"cancellation.log_drift": True})
 DEFAULT_AGGREGATION, DEFAULT_TRANSFORM = "seq_mean_token_mean", "none"
+# Clip-higher runs on GRPO's default and on token_mean, which has no M1 residual: there the
+# residual the ratios leave is M2's alone.
+CLIP_HIGHER_ON = (DEFAULT_AGGREGATION, "token_mean")
 # Table 1 and Appendix B compare at equal budget_trajectories (DESIGN §6): 25,600 sampled
 # trajectories = 100 steps of 32 prompts x 8 (correction generations count 1.2, SCoRe's second
 # attempts and the PRM's Monte-Carlo rollouts count too), from a base warm-started on the
@@ -132,10 +135,16 @@ CANCELLATION_FIXES = [
       for tr in ("min_replace", "adv_orthogonal")),
     ("token_mean / none", "seq_mean_token_mean / none"),  # a constant normalizer: no M1
     ("seq_mean_token_sum_norm / none", "seq_mean_token_mean / none"),
-    # Symmetric clipping, on GRPO's default and on token_mean (no M1 there, so the residual
-    # the ratios leave is M2's alone).
-    *((f"{agg} / none", f"{agg} / clip-higher") for agg in ("seq_mean_token_mean", "token_mean")),
+    # Symmetric clipping against clip-higher on each aggregation of CLIP_HIGHER_ON.
+    *((f"{agg} / none", f"{agg} / clip-higher") for agg in CLIP_HIGHER_ON),
 ]
+
+
+def _clip_higher(aggregation: str) -> Run:
+    """GRPO with ε_high = 0.28 (asymmetric clipping, M2) on `aggregation`."""
+    agg = {} if aggregation == DEFAULT_AGGREGATION else {"loss.aggregation": aggregation}
+    return run(f"{aggregation} / clip-higher", "grpo", **agg, **{
+        "loss.clip_eps_high": 0.28, "cancellation.log_drift": True})
 
 
 def _cancel(aggregation: str, transform: str) -> Run:
@@ -218,15 +227,11 @@ ITEMS = {
         "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
         tuple(_cancel(agg, tr) for agg in AGGREGATIONS
               for tr in ("none", "min_replace", "adv_orthogonal"))
-        + (run("seq_mean_token_mean / clip-higher", "grpo", **{
-            "loss.clip_eps_high": 0.28, "cancellation.log_drift": True}),
-           run("token_mean / clip-higher", "grpo", **{
-               "loss.aggregation": "token_mean", "loss.clip_eps_high": 0.28,
-               "cancellation.log_drift": True})),
+        + tuple(_clip_higher(agg) for agg in CLIP_HIGHER_ON),
         {"seq_mean_token_mean / none": "residual > 0 (M1), shared-prefix drift",
          "token_mean / none": "residual 0 on the first update; M2 under clipping",
-         "seq_mean_token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability",
-         "token_mean / clip-higher": "M2: asymmetric clipping breaks exchangeability"},
+         **{f"{agg} / clip-higher": "M2: asymmetric clipping breaks exchangeability"
+            for agg in CLIP_HIGHER_ON}},
         "restoring exchangeability (min_replace, adv_orthogonal, a constant normalizer, "
         "symmetric clipping) improves final accuracy; M1 and M2 leave a residual",
         metrics=("cancellation_residual", "cancellation_residual_updates",

@@ -223,10 +223,10 @@ def _mechanisms(s: dict[str, dict]) -> str:
     """What the cancellation grid measures of M1 and M2 (DESIGN §5), beside its accuracies."""
     checks = (("M1, the residual before the update", "cancellation_residual",
                "seq_mean_token_mean / none", "token_mean / none"),
-              # M2 on token_mean, which has no M1 to mask it (and on GRPO's default).
+              # M2 first on token_mean, which has no M1 residual to mask it.
               *(("M2, the residual at the current ratios", "cancellation_residual_updates",
                  f"{agg} / clip-higher", f"{agg} / none")
-                for agg in ("token_mean", "seq_mean_token_mean")),
+                for agg in sorted(items_lib.CLIP_HIGHER_ON, key=lambda a: a != "token_mean")),
               ("the residual min_replace leaves", "cancellation_residual_updates",
                "seq_mean_token_mean / none", "seq_mean_token_mean / min_replace"))
     out = []
