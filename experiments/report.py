@@ -15,6 +15,7 @@ needs Welch's t-test at p < 0.05 after Holm's correction over the cells.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import statistics
@@ -327,6 +328,14 @@ def mixed_bases(data: dict[str, list[dict]]) -> str:
                  for src, shas in sorted(weights.items()) if len(shas) > 1), "")
 
 
+def hosts(data: dict[str, list[dict]]) -> str:
+    """The CPUs the records ran on, with how many records each: minutes per run (and the
+    last bits of floating point) depend on the host."""
+    counts = collections.Counter(r.get("cpu") or "unknown" for recs in data.values()
+                                 for r in recs)
+    return "; ".join(f"{cpu} ({n} runs)" for cpu, n in sorted(counts.items()))
+
+
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
                command: str, missing: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -387,6 +396,8 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
               + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
               f"{r.why_fewer}." for r in capped]
+    if host_list := hosts(data):
+        lines += ["", f"Hosts: {host_list}."]
     lines += ["", f"![{item.name}]({item.name}.png)"]
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n}) + "\n")

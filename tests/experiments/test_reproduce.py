@@ -115,7 +115,10 @@ def test_summary_links_every_item_and_records_are_compact(smoke_out):
         base = json.loads(r.read_text())["base"]
         assert re.fullmatch(r"arith_[0-9a-f]{12}", base["source"]), base
         assert re.fullmatch(r"[0-9a-f]{16}", base["sha256"]), base
-    assert rec["cpu"]
+    # The CPU names its family / model and vector unit: "AMD EPYC" alone is Zen 3 or Zen 4.
+    if Path("/proc/cpuinfo").exists():
+        assert re.fullmatch(r".+ \[family \d+ model \d+(, avx\w*)?\]", rec["cpu"]), rec["cpu"]
+    assert rec["cpu"] == reproduce.cpu_model()
     # Shared runs are trained once: GSPO serves several items.
     assert stdout.count(" gspo_s0:") == 1
 
@@ -428,6 +431,7 @@ def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
     reproduce.main(["curves", "--report-only", "--out", str(tmp_path)])
     text = (tmp_path / "arith" / "curves.md").read_text()
     assert "| GSPO | 3 |" in text and "| IBPO-GSPO | 2 |" in text
+    assert "Hosts: unknown (5 runs)." in text  # records without a `cpu`
     # GSPO's third seed is another item's: this one's command trains 2 seeds of each run.
     assert "`python -m experiments.reproduce curves --task arith` from" in text
     assert "Seeds per run: 2-3 (the item asks for at least 2)." in text
