@@ -333,7 +333,8 @@ def hosts(data: dict[str, list[dict]]) -> str:
     last bits of floating point) depend on the host."""
     counts = collections.Counter(r.get("cpu") or "unknown" for recs in data.values()
                                  for r in recs)
-    return "; ".join(f"{cpu} ({n} runs)" for cpu, n in sorted(counts.items()))
+    return "; ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})"
+                     for cpu, n in sorted(counts.items()))
 
 
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
