@@ -108,8 +108,8 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
 
 def cpu_model() -> str:
     """The host's CPU: model name, family / model and widest vector unit. Minutes per run
-    depend on it, and "AMD EPYC" alone names both a Zen 3 host (AVX2, ~100 GFLOP/s on a
-    2048³ matmul with 2 vCPUs) and a Zen 4 one (AVX-512, ~480)."""
+    depend on it, and "AMD EPYC" alone named both a Zen 3 host (family 25 model 1, AVX2: 100
+    GFLOP/s on a 2048³ matmul with 2 vCPUs) and one that ran it at 484 (RESULTS.md)."""
     try:
         info: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
