@@ -120,9 +120,8 @@ def cpu_model() -> str:
         if "model name" in info:
             flags = info.get("flags", "").split()
             simd = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "")
-            detail = ", ".join(x for x in (f"family {info.get('cpu family', '?')} model "
-                                           f"{info.get('model', '?')}", simd) if x)
-            return f"{info['model name']} [{detail}]"
+            return (f"{info['model name']} [family {info.get('cpu family', '?')} model "
+                    f"{info.get('model', '?')}{', ' + simd if simd else ''}]")
     except OSError:
         pass
     import platform
