@@ -70,6 +70,31 @@ def test_every_section_ran_within_the_run(lines):
     assert by_name["rl_step_seconds"]["shapes"]["config"].endswith("ibpo_gspo.py:qwen3_0.6b_math")
 
 
+def test_synthetic_rollout_groups_share_steps():
+    """The RL step's synthetic rows of one group share their stem's steps, so wrong rows get
+    φ > 0 as in a real group (an H200 run once reported φ = 0 everywhere: each row's step
+    delimiters were drawn on their own)."""
+    check = _load_script()
+    cfg = check.run_config(True, [("rollout.max_new_tokens", "256")])
+    rollout, _ = check.synthetic_rollout(cfg, check.TINY_VOCAB)
+    response, g = np.asarray(rollout.response), cfg.rollout.group_size
+    delim = response == check.DELIM % check.TINY_VOCAB
+    assert 1 / 48 < delim.mean() < 1 / 12  # ~24 tokens per step
+    # two rows of a group agree on tokens and delimiters up to where they part
+    a, b = response[0], response[1]
+    part = int(np.argmax(a != b)) if (a != b).any() else len(a)
+    assert part > 0 and (delim[0, :part] == delim[1, :part]).all()
+    from ibpo_jax.trainer import step as step_lib
+
+    m = check.model_of(cfg, check.jax.random.key(0))
+    spec = step_lib.StepSpec.from_config(cfg, m.config, m.options)
+    is_delim = np.zeros(check.TINY_VOCAB, bool)
+    is_delim[check.DELIM % check.TINY_VOCAB] = True
+    _, metrics = step_lib.credit(spec, rollout, is_delim)
+    assert float(metrics["phi_mean"]) > 0.3, metrics["phi_mean"]  # 0.06 before the fix
+    assert np.asarray(rollout.correct).reshape(-1, g).any(axis=1).all()  # φ needs a right row
+
+
 def test_model_flops_by_hand():
     """matmul_params and attention_fwd_flops against a hand count of a 1-layer model."""
     check = _load_script()

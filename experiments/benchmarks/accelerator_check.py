@@ -15,11 +15,12 @@ logit chunks), it measures, in sections:
             DP cells/s, cells = Σ len_a·len_b over every pair the kernel computes (G×G per group).
   rl_step   one RL step (`trainer.step.credit` + `trainer.step.update`, jitted as the Trainer
             jits them), the preset's per-row shapes (prompt 1024, 8192 new tokens, G = 8,
-            max_units 512), 2 prompts (the preset's 128 are sized for 8 fsdp devices), on a
-            synthetic rollout: seconds, tokens/s, MFU. If the compiled update needs more than
-            the device's free memory (attention scores are materialized: XLA:CPU assigns
-            ~297 / 131 / 69 GB of temporaries at 8192 / 4096 / 2048 new tokens), the new tokens
-            are halved, at most twice, and the lines say so.
+            max_units 0 = every step), 2 prompts (the preset's 128 are sized for 8 fsdp
+            devices), on a synthetic rollout: seconds, tokens/s, MFU. If the compiled update
+            needs more than the device's free memory (attention scores are materialized:
+            XLA:CPU assigns ~297 / 131 / 69 GB of temporaries at 8192 / 4096 / 2048 new
+            tokens; XLA:GPU 217 GiB at 8192), the new tokens are halved, at most twice, and
+            the lines say so.
 
 Model FLOPs (stated in each line): 6·N per trained token, 2·N per forward-only one, N = matmul
 weights incl. the tied unembedding, plus causal attention, 4·L·heads·head_dim per (query,
@@ -286,8 +287,11 @@ def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.
     plen = rng.integers(max(1, p // 2), p + 1, b).repeat(g).astype(np.int32)
     prompt = np.where(np.arange(p) >= p - plen[:, None], rng.integers(0, vocab, (n, p)), 0)
     units, rlen, correct = _group_units(rng, b, g, max(1, r // 2), r, vocab)
-    steps = rng.random((n, r)) < 1 / 24  # ~24 tokens per step
-    response = np.where(steps, DELIM % vocab, units.reshape(n, r))
+    units = units.reshape(n, r)
+    # A step ends at every token id = 0 mod 24 (~24 tokens per step): a function of the token,
+    # so rows that share a stem share its steps and a wrong row's φ is above 0, as in a real
+    # group (independent random cuts made every row's steps differ: φ = 0 everywhere).
+    response = np.where(units % 24 == 0, DELIM % vocab, units)
     response = np.where(np.arange(r) < rlen.reshape(n, 1), response, 0)
     correct = correct.reshape(n)
     rollout = step.Rollout(
