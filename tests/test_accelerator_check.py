@@ -78,7 +78,7 @@ def test_synthetic_rollout_groups_share_steps():
     cfg = check.run_config(True, [("rollout.max_new_tokens", "256")])
     rollout, _ = check.synthetic_rollout(cfg, check.TINY_VOCAB)
     response, g = np.asarray(rollout.response), cfg.rollout.group_size
-    delim = response == check.DELIM % check.TINY_VOCAB
+    delim = np.asarray(check.delimiter_mask(check.TINY_VOCAB))[response]
     assert 1 / 48 < delim.mean() < 1 / 12  # ~24 tokens per step
 
     def shared_steps(i, j):  # whole steps rows i and j have in common before they part
@@ -91,9 +91,7 @@ def test_synthetic_rollout_groups_share_steps():
 
     m = check.model_of(cfg, check.jax.random.key(0))
     spec = step_lib.StepSpec.from_config(cfg, m.config, m.options)
-    is_delim = np.zeros(check.TINY_VOCAB, bool)
-    is_delim[check.DELIM % check.TINY_VOCAB] = True
-    _, metrics = step_lib.credit(spec, rollout, is_delim)
+    _, metrics = step_lib.credit(spec, rollout, check.delimiter_mask(check.TINY_VOCAB))
     assert float(metrics["phi_mean"]) > 0.3, metrics["phi_mean"]  # 0.06 before the fix
     assert np.asarray(rollout.correct).reshape(-1, g).any(axis=1).all()  # φ needs a right row
 

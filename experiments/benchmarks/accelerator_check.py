@@ -290,7 +290,7 @@ def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.
     units = units.reshape(n, r)
     # A step ends at every token id = 0 mod 24 (~24 tokens per step): a function of the token,
     # so rows that share a stem share its steps and a wrong row's φ is above 0, as in a real
-    # group (independent random cuts made every row's steps differ: φ = 0 everywhere).
+    # group.
     response = np.where(units % 24 == 0, DELIM % vocab, units)
     response = np.where(np.arange(r) < rlen.reshape(n, 1), response, 0)
     correct = correct.reshape(n)
@@ -300,6 +300,11 @@ def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.
         reward=np.where(correct, cfg.reward.correct, cfg.reward.wrong).astype(np.float32),
         correct=correct, ended=rlen.reshape(n) < r)
     return jax.device_put(rollout), plen
+
+
+def delimiter_mask(vocab: int) -> jax.Array:
+    """[vocab] bool: the step delimiter of `synthetic_rollout`'s responses."""
+    return jnp.zeros((vocab,), bool).at[DELIM % vocab].set(True)
 
 
 def rl_flops(cfg, c: models.Qwen3Config, plen: np.ndarray, rlen: np.ndarray) -> float:
@@ -334,8 +339,7 @@ def rl_once(cfg, budget: float, repeats: int) -> dict:
                                  else NamedSharding(mesh, P()), state)
         state = [jax.device_put(state, shardings)]
         rollout, plen = synthetic_rollout(cfg, m.config.vocab_size)
-        vocab = m.config.vocab_size
-        is_delim = jnp.zeros((vocab,), bool).at[DELIM % vocab].set(True)
+        is_delim = delimiter_mask(m.config.vocab_size)
         plan = packing.place(packing.identity(plen, cfg.rollout.max_prompt_len,
                                               cfg.rollout.group_size), jax.device_put)
         credit_fn = jax.jit(functools.partial(step.credit, spec))
