@@ -22,11 +22,13 @@ Layout
   occurrence in the sorted pattern; one searchsorted for pattern and text); per stripe an int16
   map rank -> local id and a [P, 31 ks + 1, ks] table of match words (row 0 = "no match") are
   built by scatter, and each step gathers its [ks, P] words from that table. `ks` is chosen from
-  the number of pairs so that a step stays near `_TARGET_WIDTH` lanes (wider steps get split
-  across threads by XLA, whose per-step synchronisation costs more than it saves here) and the
-  table within `_TABLE_WORDS` (it must stay in L2: 1 MB tables made the loop 4x slower).
-- Batches larger than `_CHUNK_PAIRS` run chunk by chunk (`lax.map`), so every size above keeps
-  its single-chunk value and the cost stays linear in the number of pairs.
+  the number of pairs so that a step stays within the tiling's `target_width` lanes and the
+  table within its `table_words`. On CPUs both are small (wider steps get split across threads
+  by XLA, whose per-step synchronisation costs more than it saves; a table must stay in L2: 1 MB
+  tables made the loop 4x slower); on GPUs and TPUs a step costs about one launch whatever its
+  width, so both are as large as memory allows (`Tiling`, chosen by backend).
+- Batches larger than the tiling's `chunk_pairs` run chunk by chunk (`lax.map`), so every size
+  above keeps its single-chunk value and the cost stays linear in the number of pairs.
 
 Padding beyond a_len / b_len may hold anything: pattern positions >= a_len get no match bits
 (and rows above a_len never influence rows below them anyway), text columns >= b_len get
@@ -35,7 +37,11 @@ Padding beyond a_len / b_len may hold anything: pattern positions >= a_len get n
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import math
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -44,21 +50,59 @@ from jax import lax
 _BITS = 31  # payload bits per uint32 word; bit 31 carries between words
 _M31 = 0x7FFFFFFF
 _TOP = 0x80000000
-_TARGET_WIDTH = 512  # pairs x words per scan step (measured sweet spot on 2-core CPUs)
-_TABLE_WORDS = 1 << 17  # P * 31 ks^2 words: the stripe's match table stays within 0.5 MB
-_MAX_KS = 32
-# larger batches run as a sequence of chunks of this many pairs (per-stripe set-up is O(P La));
-# 32 measured ~10% faster than 16 or 64 for both kernels on 64 x 4000
-_CHUNK_PAIRS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """How a batch is cut into sequential work. Static: read when a kernel is traced."""
+
+    target_width: int  # pairs x words per scan step at most
+    table_words: int  # P * 31 ks^2: the words of one stripe's match table at most
+    max_ks: int  # words per stripe at most
+    chunk_pairs: int  # larger batches run as a sequence of chunks of this many pairs
+
+
+# 2-core CPUs: ~512 lanes per step is the measured sweet spot, a 0.5 MB table stays in L2, and
+# chunks of 32 pairs measured ~10% faster than 16 or 64 for both kernels on 64 x 4000 (the
+# per-stripe set-up is O(P La)).
+CPU_TILING = Tiling(target_width=512, table_words=1 << 17, max_ks=32, chunk_pairs=32)
+# GPUs and TPUs: every loop step costs about one launch whatever its width, so steps are as wide
+# as memory allows: all pairs of a call in one chunk (up to 1,024) and stripes of up to 128 words
+# within a 1 GB table. On an H200, 16 groups x G 8 x 4k-8k units: 57 Gcells/s, against 36 with
+# 64-word stripes, 21 with 32, 10 in chunks of 256 pairs, 0.29 with CPU_TILING
+# (experiments/benchmarks/RESULTS.md).
+ACCELERATOR_TILING = Tiling(target_width=1 << 30, table_words=1 << 28, max_ks=128,
+                            chunk_pairs=1024)
+_override: list[Tiling] = []
+
+
+def current_tiling() -> Tiling:
+    """The tiling of kernels called without one: `use_tiling`'s, else the default backend's."""
+    if _override:
+        return _override[-1]
+    return CPU_TILING if jax.default_backend() == "cpu" else ACCELERATOR_TILING
+
+
+@contextlib.contextmanager
+def use_tiling(t: Tiling) -> Iterator[None]:
+    """Kernels traced inside the block without a tiling of their own use `t` (benchmarks and
+    tests; results never depend on it). A function jitted before keeps the tiling it was
+    traced with."""
+    _override.append(t)
+    try:
+        yield
+    finally:
+        _override.pop()
+
 # columns per window of the greedy embedding's scan (one gather of a's symbols per window)
 _GREEDY_BLOCK = 16
 
 
-def _stripe_words(n_pairs: int, n_words: int) -> tuple[int, int]:
+def _stripe_words(n_pairs: int, n_words: int, t: Tiling) -> tuple[int, int]:
     """(ks, n_stripes): words per stripe and stripe count for this batch (static)."""
     n_pairs = max(n_pairs, 1)
-    ks_cache = math.isqrt(_TABLE_WORDS // (_BITS * n_pairs))
-    ks = max(1, min(_MAX_KS, _TARGET_WIDTH // n_pairs, ks_cache, n_words))
+    ks_cache = math.isqrt(t.table_words // (_BITS * n_pairs))
+    ks = max(1, min(t.max_ks, t.target_width // n_pairs, ks_cache, n_words))
     n_stripes = -(-n_words // ks)
     ks = -(-n_words // n_stripes)  # balance so the last stripe is not mostly padding
     return ks, n_stripes
@@ -115,11 +159,11 @@ def _padded_pattern_ranks(ra, n_words):
     return jnp.pad(ra, ((0, 0), (0, n_words * _BITS - n_a)), constant_values=n_a)
 
 
-def _striped_inputs(a, b, a_len, b_len):
+def _striped_inputs(a, b, a_len, b_len, t: Tiling):
     """Both kernels' set-up: (pattern ranks padded to whole stripes, text ranks, words per
     stripe, stripes, scan steps = text length + the wavefront's skew)."""
     n_pairs, n_a = a.shape
-    ks, n_stripes = _stripe_words(n_pairs, -(-n_a // _BITS))
+    ks, n_stripes = _stripe_words(n_pairs, -(-n_a // _BITS), t)
     ra, rb = _ranks(a, b, a_len, b_len, ks - 1)
     return _padded_pattern_ranks(ra, n_stripes * ks), rb, ks, n_stripes, b.shape[1] + ks - 1
 
@@ -175,7 +219,8 @@ def _column_counts(x, r_pad, s, base, part, nin_s):
     return _shift_up(part, nin_s) + cnt
 
 
-def lcs_words(a, b, a_len, b_len, col_bits=None, count_from=None):
+def lcs_words(a, b, a_len, b_len, col_bits=None, count_from=None, *,
+              tiling: Tiling | None = None):
     """Final Hyyrö LCS state words. a [P, La], b [P, Lb] int32; a_len, b_len [P] int32.
 
     Returns V [n_words, P] uint32 (31 payload bits each): bit i of the pattern is
@@ -188,7 +233,8 @@ def lcs_words(a, b, a_len, b_len, col_bits=None, count_from=None):
     the steps before it skip the popcount.
     """
     n_pairs = a.shape[0]
-    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len,
+                                                   tiling or current_tiling())
     count = col_bits is not None
     r_pad = jnp.pad(col_bits.T, ((ks - 1, ks - 1), (0, 0))) if count else None
 
@@ -274,9 +320,9 @@ def _popcount(x):
     return lax.population_count(x).astype(jnp.int32).sum(axis=0)
 
 
-def _lcs_first_error_chunk(a, b, a_len, b_len):
+def _lcs_first_error_chunk(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     """`lcs_first_error_batch` for one chunk of pairs."""
-    v = lcs_words(a, b, a_len, b_len)
+    v = lcs_words(a, b, a_len, b_len, tiling=tiling)
     lcs = a_len - _popcount(v & _low_bits_mask(v.shape[0], a_len))
     # trailing zeros per word (31 for an all-zero word), summed while all lower words are zero
     tz = jnp.where(v == 0, _BITS, lax.population_count((v & (~v + 1)) - 1).astype(jnp.int32))
@@ -337,7 +383,7 @@ def _reverse(x, length):
     return jnp.take_along_axis(x, jnp.clip(idx, 0, x.shape[1] - 1), axis=1)
 
 
-def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None):
+def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None, *, tiling: Tiling | None = None):
     """`lcs_alignment_batch` for one chunk of pairs (q, f: `greedy_embedding`, computed here
     when not given).
 
@@ -356,7 +402,7 @@ def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None):
     needed = (a_len > 0) & (f < a_len)
     count_from = jnp.min(jnp.where(needed, a_len - 1 - f, n_a))
     v, counts = lcs_words(_reverse(b, b_len), _reverse(a, a_len), b_len, a_len, col_bits=r,
-                          count_from=count_from)
+                          count_from=count_from, tiling=tiling)
     lcs = b_len - _popcount(v & _low_bits_mask(v.shape[0], b_len))
     rest = r - counts[:n_a].T.astype(jnp.int32)  # LCS(a[k:], b[q_k:])
     ok = live & (k + rest == lcs[:, None])
@@ -364,7 +410,7 @@ def _lcs_alignment_chunk(a, b, a_len, b_len, q=None, f=None):
     return lcs, first_error
 
 
-def _levenshtein_chunk(a, b, a_len, b_len):
+def _levenshtein_chunk(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     """`levenshtein_batch` for one chunk of pairs.
 
     Myers' block recurrence with vertical deltas Pv/Mv per word; the horizontal delta leaving
@@ -373,7 +419,8 @@ def _levenshtein_chunk(a, b, a_len, b_len):
     the bottom stripe gets h_in = +1 on every text column. D[m][n] = n + #Pv - #Mv (low m bits).
     """
     n_pairs = a.shape[0]
-    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len)
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len,
+                                                   tiling or current_tiling())
     kk = jnp.arange(ks)[:, None]
     top = jnp.uint32(_TOP)
 
@@ -415,14 +462,16 @@ def _levenshtein_chunk(a, b, a_len, b_len):
     return b_len + _popcount(pv & mask) - _popcount(mv & mask)
 
 
-def _in_chunks(kernel, chunk, *args):
-    """Runs `kernel` over chunks of at most `chunk` pairs (lax.map) and restores [P]; every
-    argument has the pair axis first.
+def _in_chunks(kernel, tiling: Tiling | None, *args):
+    """Runs `kernel` under `tiling` (None: `current_tiling()`) over chunks of at most its
+    `chunk_pairs` pairs (lax.map) and restores [P]; every argument has the pair axis first.
 
     Keeps the stripe width, the match table and the per-stripe maps at their single-chunk
     sizes, so the cost grows linearly with the number of pairs.
     """
-    n_pairs = args[0].shape[0]
+    tiling = tiling or current_tiling()
+    kernel = functools.partial(kernel, tiling=tiling)
+    n_pairs, chunk = args[0].shape[0], tiling.chunk_pairs
     if n_pairs <= chunk:
         return kernel(*args)
     n_chunks = -(-n_pairs // chunk)
@@ -433,17 +482,17 @@ def _in_chunks(kernel, chunk, *args):
     return jax.tree.map(lambda y: y.reshape((n_chunks * chunk,) + y.shape[2:])[:n_pairs], out)
 
 
-def lcs_first_error_batch(a, b, a_len, b_len):
+def lcs_first_error_batch(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     """LCS(a[:a_len], b[:b_len]) and first-error position for P pairs, in one DP pass.
 
     a [P, La], b [P, Lb] int32; a_len, b_len [P] int32 -> (lcs [P], first_error [P]) int32.
     first_error = max{k : LCS(a[:k], b) = k} = number of trailing zero bits of V (bit i is 0
     exactly when pattern row i + 1 gains one on row i), capped at a_len.
     """
-    return _in_chunks(_lcs_first_error_chunk, _CHUNK_PAIRS, a, b, a_len, b_len)
+    return _in_chunks(_lcs_first_error_chunk, tiling, a, b, a_len, b_len)
 
 
-def lcs_alignment_batch(a, b, a_len, b_len):
+def lcs_alignment_batch(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     """LCS(a[:a_len], b[:b_len]) and the first unit of a left unmatched by an optimal LCS
     alignment, the latest among optimal alignments (DESIGN §2, alignment="lcs"):
     e = max{k : q_k defined and k + LCS(a[k:], b[q_k:]) = LCS(a, b)}, q_k the end of the greedy
@@ -454,9 +503,9 @@ def lcs_alignment_batch(a, b, a_len, b_len):
     """
     # the greedy scan is cheap per column: one scan over all pairs, not one per chunk
     q, f = greedy_embedding(a, b, a_len, b_len)
-    return _in_chunks(_lcs_alignment_chunk, _CHUNK_PAIRS, a, b, a_len, b_len, q, f)
+    return _in_chunks(_lcs_alignment_chunk, tiling, a, b, a_len, b_len, q, f)
 
 
-def levenshtein_batch(a, b, a_len, b_len):
+def levenshtein_batch(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     """Levenshtein distance (unit costs) for P pairs. Same shapes as lcs_first_error_batch."""
-    return _in_chunks(_levenshtein_chunk, _CHUNK_PAIRS, a, b, a_len, b_len)
+    return _in_chunks(_levenshtein_chunk, tiling, a, b, a_len, b_len)

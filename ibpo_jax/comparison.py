@@ -36,6 +36,7 @@ response so that its mean over the loss tokens is φ_i as well.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -90,9 +91,24 @@ def _batched(kernel):
     return fn
 
 
-_LCS_PAIRS = {"lcs": _batched(_bitparallel.lcs_alignment_batch),
-              "prefix": _batched(_bitparallel.lcs_first_error_batch)}
-_lev_pairs = _batched(_bitparallel.levenshtein_batch)
+_LCS_KERNELS = {"lcs": _bitparallel.lcs_alignment_batch,
+                "prefix": _bitparallel.lcs_first_error_batch}
+
+
+@functools.cache
+def _tiled(kernel, tiling: _bitparallel.Tiling):
+    """`kernel` under `tiling` as a pair function. One object per (kernel, tiling): jax 0.11
+    caches a custom_vmap's trace by its function object, so one object reading the tiling
+    inside replays the first tiling's program (seen on an H200; RESULTS.md)."""
+    return _batched(functools.partial(kernel, tiling=tiling))
+
+
+def _lcs_pairs(alignment: str):
+    return _tiled(_LCS_KERNELS[alignment], _bitparallel.current_tiling())
+
+
+def _lev_pairs(*pairs):
+    return _tiled(_bitparallel.levenshtein_batch, _bitparallel.current_tiling())(*pairs)
 
 
 def _choice(value: str, valid: tuple[str, ...], key: str) -> str:
@@ -123,7 +139,7 @@ def lcs_first_error(a: jax.Array, b: jax.Array, a_len: jax.Array, b_len: jax.Arr
       optimal alignment, the latest among optimal alignments ([5,1,2,3,4] vs [1,2,3,4,5]: 0).
     - alignment="prefix" (v1): e = max{k : LCS(a[:k], b) = k} ([5,1,2,3,4] vs [1,2,3,4,5]: 1).
     """
-    fn = _LCS_PAIRS[_choice(alignment, ALIGNMENTS, "ibpo.alignment")]
+    fn = _lcs_pairs(_choice(alignment, ALIGNMENTS, "ibpo.alignment"))
     return _one_pair(fn, a, b, a_len, b_len)
 
 
@@ -383,7 +399,7 @@ def _check_group(units, n_units, correct) -> None:
 def _first_errors(units, n_units, alignment):
     """(LCS [G, G], e [G, G]) of every (i, j) pair of the group, one kernel call."""
     g = units.shape[0]
-    lcs, e = _LCS_PAIRS[alignment](*_group_pairs(units, n_units))
+    lcs, e = _lcs_pairs(alignment)(*_group_pairs(units, n_units))
     return lcs.reshape(g, g), e.reshape(g, g)
 
 

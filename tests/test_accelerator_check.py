@@ -28,6 +28,7 @@ SECTIONS = ("peak", "train", "sampler", "phi", "rl_step")
 def _load_script():
     """The script as a module (registered first: its dataclasses look their module up)."""
     if "accelerator_check" not in sys.modules:
+        sys.path.insert(0, str(SCRIPT.parent))  # as a script run finds its sibling scripts
         spec = importlib.util.spec_from_file_location("accelerator_check", SCRIPT)
         module = importlib.util.module_from_spec(spec)
         sys.modules["accelerator_check"] = module

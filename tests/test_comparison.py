@@ -3,6 +3,7 @@ subsequence reference (prefix rule) and a literal DP of DESIGN §2's LCS-alignme
 φ/Δ on hand-built groups and against a reference over small alphabets. Units, budgets, EOS and
 token credit: tests/test_comparison_units.py."""
 
+import dataclasses
 import functools
 
 import jax
@@ -143,6 +144,46 @@ def test_kernels_on_long_pairs_many_stripes():
     small = [x[:4] for x in (a, b, la, lb)]
     np.testing.assert_array_equal(jax.jit(jax.vmap(C.lcs_first_error))(*small)[0], lcs[:4])
     np.testing.assert_array_equal(jax.jit(jax.vmap(C.edit_distance))(*small), lev[:4])
+
+
+@pytest.mark.parametrize("tiling, stripes", [
+    (_bitparallel.ACCELERATOR_TILING, (9, 1)),  # one chunk of 48 pairs, one stripe of 9 words
+    (dataclasses.replace(_bitparallel.ACCELERATOR_TILING, max_ks=2), (2, 5)),  # 5 stripes
+    (dataclasses.replace(_bitparallel.CPU_TILING, chunk_pairs=7), (9, 1)),  # 7 chunks of 7
+], ids=["accelerator", "accelerator_narrow", "cpu_chunks_of_7"])
+def test_tilings_change_the_work_not_the_answers(tiling, stripes):
+    """Every tiling (traced on CPU here) gives the answers of rapidfuzz and the references."""
+    rng = np.random.default_rng(3)
+    n, length = 48, 270
+    a = rng.integers(0, 6, size=(n, length)).astype(np.int32)
+    b = np.where(rng.random((n, length)) < 0.8, a, rng.integers(0, 6, size=(n, length)))
+    b = b.astype(np.int32)
+    la = rng.integers(0, length + 1, n).astype(np.int32)
+    lb = rng.integers(0, length + 1, n).astype(np.int32)
+    def state_shape(t):  # the [ks, P] state words of the program traced under tiling t
+        ks, _ = _bitparallel._stripe_words(min(n, t.chunk_pairs), 9, t)
+        return f"u32[{ks},{min(n, t.chunk_pairs)}]"
+
+    def traced():
+        return str(jax.make_jaxpr(jax.vmap(C.edit_distance))(a, b, la, lb))
+
+    assert _bitparallel._stripe_words(min(n, tiling.chunk_pairs), 9, tiling) == stripes
+    with _bitparallel.use_tiling(tiling):
+        assert _bitparallel.current_tiling() == tiling
+        assert state_shape(tiling) in traced()  # not a trace cached under another tiling
+        lcs, e = map(np.asarray, jax.jit(jax.vmap(C.lcs_first_error))(a, b, la, lb))
+        fe = np.asarray(jax.jit(jax.vmap(functools.partial(
+            C.lcs_first_error, alignment="prefix")))(a, b, la, lb)[1])
+        lev = np.asarray(jax.jit(jax.vmap(C.edit_distance))(a, b, la, lb))
+    assert _bitparallel.current_tiling() == _bitparallel.CPU_TILING  # restored; by backend
+    assert state_shape(_bitparallel.CPU_TILING) in traced()
+    for i in range(n):
+        x, y = list(a[i, : la[i]]), list(b[i, : lb[i]])
+        assert lcs[i] == LCSseq.similarity(x, y)
+        assert lev[i] == Levenshtein.distance(x, y)
+        assert fe[i] == first_error_ref(x, y)
+        if i % 6 == 0:
+            assert (lcs[i], e[i]) == alignment_ref(x, y)
 
 
 def test_pair_functions_unbatched_and_nested_vmap():

@@ -55,6 +55,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from bench_phi_tiling import group_units  # the sibling script: φ's benchmark inputs
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -241,22 +242,10 @@ def section_sampler(rep: Report, s: Shapes, budget: float, m: models.Qwen3LM) ->
              shapes=shapes, seconds=t, first_call_s=compile_s)
 
 
-def _group_units(rng: np.random.Generator, groups: int, g: int, lo: int, hi: int, vocab: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """units [B, G, hi] int32: each row a shared group stem, then its own tokens from a
-    random cut on; lengths [B, G] in [lo, hi]; correct [B, G], about half."""
-    stem = rng.integers(0, vocab, (groups, 1, hi))
-    own = rng.integers(0, vocab, (groups, g, hi))
-    cut = rng.integers(0, hi, (groups, g, 1))
-    units = np.where(np.arange(hi) < cut, stem, own).astype(np.int32)
-    lengths = rng.integers(lo, hi + 1, (groups, g)).astype(np.int32)
-    return units, lengths, rng.random((groups, g)) < 0.5
-
-
 def section_phi(rep: Report, s: Shapes, budget: float) -> None:
     """Cells/s of φ over groups (compute_phi) and of the LCS pair kernel (lcs_first_error)."""
     groups, g, lo, hi, pairs = s.phi
-    units, lengths, correct = _group_units(np.random.default_rng(5), groups, g, lo, hi, 151_936)
+    units, lengths, correct = group_units(np.random.default_rng(5), groups, g, lo, hi, 151_936)
     phi = jax.jit(jax.vmap(functools.partial(comparison.compute_phi,
                                              operator="lcs_first_error")))
     args = [jax.device_put(x) for x in (units, lengths, correct)]
@@ -286,7 +275,7 @@ def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.
     p, r, n = cfg.rollout.max_prompt_len, cfg.rollout.max_new_tokens, b * g
     plen = rng.integers(max(1, p // 2), p + 1, b).repeat(g).astype(np.int32)
     prompt = np.where(np.arange(p) >= p - plen[:, None], rng.integers(0, vocab, (n, p)), 0)
-    units, rlen, correct = _group_units(rng, b, g, max(1, r // 2), r, vocab)
+    units, rlen, correct = group_units(rng, b, g, max(1, r // 2), r, vocab)
     units = units.reshape(n, r)
     # A step ends at every token id = 0 mod 24 (~24 tokens per step): a function of the token,
     # so rows that share a stem share its steps and a wrong row's φ is above 0, as in a real
