@@ -149,10 +149,11 @@ def test_kernels_on_long_pairs_many_stripes():
 @pytest.mark.parametrize("tiling, stripes", [
     (_bitparallel.ACCELERATOR_TILING, (9, 1)),  # one chunk of 48 pairs, one stripe of 9 words
     (dataclasses.replace(_bitparallel.ACCELERATOR_TILING, max_ks=2), (2, 5)),  # 5 stripes
-    (dataclasses.replace(_bitparallel.CPU_TILING, chunk_pairs=7), (9, 1)),  # 7 chunks of 7
+    (dataclasses.replace(_bitparallel.CPU_TILING, chunk_pairs=7), (9, 1)),  # 7 chunks, 1 padded
 ], ids=["accelerator", "accelerator_narrow", "cpu_chunks_of_7"])
 def test_tilings_change_the_work_not_the_answers(tiling, stripes):
-    """Every tiling (traced on CPU here) gives the answers of rapidfuzz and the references."""
+    """Every tiling, traced on the test's backend, gives the answers of rapidfuzz and the
+    references, and each traces its own program."""
     rng = np.random.default_rng(3)
     n, length = 48, 270
     a = rng.integers(0, 6, size=(n, length)).astype(np.int32)
@@ -160,6 +161,7 @@ def test_tilings_change_the_work_not_the_answers(tiling, stripes):
     b = b.astype(np.int32)
     la = rng.integers(0, length + 1, n).astype(np.int32)
     lb = rng.integers(0, length + 1, n).astype(np.int32)
+
     def state_shape(t):  # the [ks, P] state words of the program traced under tiling t
         ks, _ = _bitparallel._stripe_words(min(n, t.chunk_pairs), 9, t)
         return f"u32[{ks},{min(n, t.chunk_pairs)}]"
