@@ -20,7 +20,7 @@ train: $(BIN)/.installed
 	$(BIN)/python -m ibpo_jax.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: $(BIN)/.installed
 	$(BIN)/python experiments/benchmarks/bench_lcs.py
