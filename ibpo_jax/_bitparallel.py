@@ -29,6 +29,8 @@ Layout
   width, so both are as large as memory allows (`Tiling`, chosen by backend).
 - Batches larger than the tiling's `chunk_pairs` run chunk by chunk (`lax.map`), so every size
   above keeps its single-chunk value and the cost stays linear in the number of pairs.
+- Every batch kernel takes `tiling=` (default `current_tiling()`: the backend's, or the one
+  `use_tiling` sets); it changes the work, never the answers.
 
 Padding beyond a_len / b_len may hold anything: pattern positions >= a_len get no match bits
 (and rows above a_len never influence rows below them anyway), text columns >= b_len get
