@@ -161,11 +161,12 @@ def _padded_pattern_ranks(ra, n_words):
     return jnp.pad(ra, ((0, 0), (0, n_words * _BITS - n_a)), constant_values=n_a)
 
 
-def _striped_inputs(a, b, a_len, b_len, t: Tiling):
-    """Both kernels' set-up: (pattern ranks padded to whole stripes, text ranks, words per
-    stripe, stripes, scan steps = text length + the wavefront's skew)."""
+def _striped_inputs(a, b, a_len, b_len, tiling: Tiling | None):
+    """Both kernels' set-up under `tiling` (None: `current_tiling()`): (pattern ranks padded to
+    whole stripes, text ranks, words per stripe, stripes, scan steps = text length + the
+    wavefront's skew)."""
     n_pairs, n_a = a.shape
-    ks, n_stripes = _stripe_words(n_pairs, -(-n_a // _BITS), t)
+    ks, n_stripes = _stripe_words(n_pairs, -(-n_a // _BITS), tiling or current_tiling())
     ra, rb = _ranks(a, b, a_len, b_len, ks - 1)
     return _padded_pattern_ranks(ra, n_stripes * ks), rb, ks, n_stripes, b.shape[1] + ks - 1
 
@@ -235,8 +236,7 @@ def lcs_words(a, b, a_len, b_len, col_bits=None, count_from=None, *,
     the steps before it skip the popcount.
     """
     n_pairs = a.shape[0]
-    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len,
-                                                   tiling or current_tiling())
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len, tiling)
     count = col_bits is not None
     r_pad = jnp.pad(col_bits.T, ((ks - 1, ks - 1), (0, 0))) if count else None
 
@@ -421,8 +421,7 @@ def _levenshtein_chunk(a, b, a_len, b_len, *, tiling: Tiling | None = None):
     the bottom stripe gets h_in = +1 on every text column. D[m][n] = n + #Pv - #Mv (low m bits).
     """
     n_pairs = a.shape[0]
-    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len,
-                                                   tiling or current_tiling())
+    ra, rb, ks, n_stripes, steps = _striped_inputs(a, b, a_len, b_len, tiling)
     kk = jnp.arange(ks)[:, None]
     top = jnp.uint32(_TOP)
 
