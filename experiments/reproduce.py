@@ -42,6 +42,7 @@ from pathlib import Path
 
 from experiments import credit_probe, gradient_probe, report
 from experiments import items as items_lib
+from ibpo_jax.host import cpu_model
 
 ROOT = items_lib.ROOT
 RESULTS = ROOT / "experiments" / "results"
@@ -104,29 +105,6 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
     return {"command": " ".join(cmd[1:]).replace(sys.executable, "python"), "config": cfg,
             "base": json.loads(base.read_text()) if base.exists() else None,
             "cpu": cpu_model(), "rows": rows}
-
-
-def cpu_model() -> str:
-    """The host's CPU: model name, family / model and widest vector unit. Minutes per run
-    depend on it, and "AMD EPYC" alone named both a Zen 3 host (family 25 model 1, AVX2: 100
-    GFLOP/s on a 2048³ matmul with 2 vCPUs) and one that ran it at 484 (RESULTS.md)."""
-    try:
-        info: dict[str, str] = {}
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-            if not line.strip():  # the first processor's block is enough
-                break
-        if "model name" in info:
-            flags = info.get("flags", "").split()
-            simd = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "")
-            return (f"{info['model name']} [family {info.get('cpu family', '?')} model "
-                    f"{info.get('model', '?')}{', ' + simd if simd else ''}]")
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 BUSY = "being trained by another driver"

@@ -59,7 +59,7 @@ from bench_phi_tiling import group_units  # the sibling script: φ's benchmark i
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import comparison, hostmem, models, sampling, sharding
+from ibpo_jax import comparison, host, hostmem, models, sampling, sharding
 from ibpo_jax import config as config_lib
 from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
@@ -106,10 +106,11 @@ TINY_VOCAB = 256  # the tiny preset's vocabulary (no tokenizer: ids are random)
 
 
 class Report:
-    """Prints one JSON line per figure, each tagged with the device."""
+    """Prints one JSON line per figure, each tagged with the device and the host's CPU."""
 
     def __init__(self, device: jax.Device):
-        self.device = {"device_kind": device.device_kind, "platform": device.platform}
+        self.device = {"device_kind": device.device_kind, "platform": device.platform,
+                       "host_cpu": host.cpu_model()}
 
     def emit(self, name: str, value: float, unit: str, **extra: Any) -> None:
         """To the real stdout: sys.stdout points at stderr while the sections run."""

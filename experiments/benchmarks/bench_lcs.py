@@ -30,7 +30,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import time
 
 import jax
@@ -38,7 +37,7 @@ import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import LCSseq, Levenshtein
 
-from ibpo_jax import comparison, hostmem
+from ibpo_jax import comparison, host, hostmem
 
 VOCAB = 151_936
 CONFIGS = ((64, 4000, "zipf"), (16, 16_000, "zipf"), (64, 4000, "late_error"))
@@ -122,7 +121,7 @@ def main() -> None:
     hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     configs = ((8, 1000, "zipf"), (4, 2000, "late_error")) if args.quick else CONFIGS
     env = {"jax": jax.__version__, "backend": jax.default_backend(),
-           "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+           "cpu": host.cpu_model(), "cores": os.cpu_count(),
            "xla_flags": os.environ.get("XLA_FLAGS", "")}
     for n_pairs, length, kind in configs:
         print(json.dumps({"bench": "lcs", **bench(n_pairs, length, kind, args.repeats),

@@ -34,7 +34,7 @@ import optax
 import torch
 import transformers
 
-from ibpo_jax import hostmem, models, sampling
+from ibpo_jax import host, hostmem, models, sampling
 from ibpo_jax.models import attention, kv_cache
 
 SIZES = {
@@ -255,7 +255,8 @@ def main():
     hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     peak = matmul_gflops()
     env = {"jax": jax.__version__, "torch": torch.__version__,
-           "transformers": transformers.__version__, "cpus": os.cpu_count(),
+           "transformers": transformers.__version__, "cpu": host.cpu_model(),
+           "cpus": os.cpu_count(),
            "torch_threads": torch.get_num_threads(), "matmul_gflops_2048": peak,
            "loadavg_1m_at_start": os.getloadavg()[0]}  # > ~0.5 on 2 cores: shared, noisy
     for name in args.sizes.split(","):

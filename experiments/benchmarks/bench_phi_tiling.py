@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import jax
 import numpy as np
 
 from ibpo_jax import _bitparallel, comparison
+from ibpo_jax.host import cpu_model
 
 ACC = _bitparallel.ACCELERATOR_TILING
 TILINGS = {  # the candidates measured for ACCELERATOR_TILING (RESULTS.md)
@@ -53,14 +53,6 @@ def group_units(rng: np.random.Generator, groups: int, g: int, lo: int, hi: int,
     units = np.where(np.arange(hi) < cut, stem, own).astype(np.int32)
     lengths = rng.integers(lo, hi + 1, (groups, g)).astype(np.int32)
     return units, lengths, rng.random((groups, g)) < 0.5
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def measure(tiling: _bitparallel.Tiling, args: tuple, budget_s: float, repeats: int,

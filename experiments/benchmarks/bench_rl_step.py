@@ -67,7 +67,7 @@ import torch
 import transformers
 
 from ibpo_jax import config as config_lib
-from ibpo_jax import hostmem, models, rewards
+from ibpo_jax import host, hostmem, models, rewards
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CHARS, SPECIALS, CharTokenizer
 from ibpo_jax.models import attention
@@ -494,7 +494,7 @@ def main():
         "flops_formula": "generate 2N(prompt + generated tokens) + update 6N(prompt + response "
                          "tokens of all rows) + 2N(same) per log-prob pass (ours: old + ref; "
                          "TRL: ref only); N = matmul weights incl. tied unembedding",
-        "threads": {"cpus": os.cpu_count(), "usable_cores": cores,
+        "threads": {"cpu": host.cpu_model(), "cpus": os.cpu_count(), "usable_cores": cores,
                     "torch_threads": torch.get_num_threads(),
                     "jax": "XLA:CPU default intra-op thread pool (not capped)",
                     "jax_devices": [str(d) for d in jax.devices()],

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ibpo_jax import hostmem, models, sampling
+from ibpo_jax import host, hostmem, models, sampling
 
 
 def decode_time(rows: int, layers: int, new_tokens: int, trials: int) -> float:
@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     args = parser.parse_args()
     hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    print(f"host: {host.cpu_model()}", flush=True)
     for rows, layers in [(64, 4), (8, 4), (64, 1), (8, 1)]:
         t = decode_time(rows, layers, args.new_tokens, args.trials)
         steps = args.new_tokens - 1  # the first token comes from the prefill

@@ -64,7 +64,10 @@ def main() -> None:
         jax.block_until_ready(grad(m.params))
     dt = (time.perf_counter() - t0) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
-    print(f"forward + backward {dt * 1e3:.1f} ms, {faults:.0f} minor page faults per step")
+    from ibpo_jax import host
+
+    print(f"forward + backward {dt * 1e3:.1f} ms, {faults:.0f} minor page faults per step "
+          f"({host.cpu_model()})")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from ibpo_jax import host
+
 
 def best(fn, inner: int = 20) -> float:
     fn()
@@ -76,5 +78,6 @@ def decode_shapes(layers: int = 16) -> None:
 
 
 if __name__ == "__main__":
+    print(f"host: {host.cpu_model()}", flush=True)
     training_shapes()
     decode_shapes()

@@ -1,0 +1,36 @@
+"""ibpo_jax.host: the CPU line that run records and benchmark figures carry."""
+
+import platform
+
+from ibpo_jax import host
+
+_TWO_CPUS = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 25
+model\t\t: 1
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx avx2 fma
+
+processor\t: 1
+cpu family\t: 99
+model name\t: Something Else
+flags\t\t: fpu avx512f
+"""
+
+
+def test_first_processor_with_family_model_and_widest_vector_unit():
+    assert host.cpu_model(_TWO_CPUS) == "AMD EPYC 7B13 [family 25 model 1, avx2]"
+
+
+def test_no_vector_flags_and_missing_fields():
+    text = "model name\t: Tiny Core\nflags\t: fpu sse2\n"
+    assert host.cpu_model(text) == "Tiny Core [family ? model ?]"
+
+
+def test_without_a_model_name_falls_back_to_platform():
+    assert host.cpu_model("processor\t: 0\n") == (
+        platform.processor() or platform.machine() or "unknown")
+
+
+def test_this_host_is_named():
+    assert host.cpu_model().strip()
