@@ -205,6 +205,15 @@ def min_over_steps(prob: Array, valid: Array) -> Array:
     return jnp.where(jnp.any(valid, axis=-1), lowest, 0.0)
 
 
+def label_agreement(prob: Array, valid: Array, first_wrong: Array) -> tuple[int, int]:
+    """(hits, valid prefixes) behind `label_accuracy`: counts, so that processes holding
+    different rows can sum them. Host function."""
+    prob, valid, first_wrong = (jnp.asarray(x) for x in (prob, valid, first_wrong))
+    k = jnp.arange(prob.shape[1])[None, :]
+    clean = (first_wrong[:, None] < 0) | (k < first_wrong[:, None])
+    return int(jnp.sum(((prob > 0.5) == clean) & valid)), int(jnp.sum(valid))
+
+
 def label_accuracy(prob: Array, valid: Array, first_wrong: Array) -> float:
     """Agreement of step scores with the true first error (`arith.check`'s first_wrong_step).
 
@@ -212,13 +221,9 @@ def label_accuracy(prob: Array, valid: Array, first_wrong: Array) -> float:
     step prefixes where (prob > 0.5) == (prefix k has no error yet: first_wrong == -1 or
     k < first_wrong); nan when no step is valid. Host function.
     """
-    prob, valid, first_wrong = (jnp.asarray(x) for x in (prob, valid, first_wrong))
-    k = jnp.arange(prob.shape[1])[None, :]
-    clean = (first_wrong[:, None] < 0) | (k < first_wrong[:, None])
-    n = jnp.sum(valid)
-    hits = jnp.sum(((prob > 0.5) == clean) & valid)
-    return float(hits / n) if int(n) else float("nan")
+    hits, n = label_agreement(prob, valid, first_wrong)
+    return hits / n if n else float("nan")
 
 
 __all__ = ["Head", "bce_loss", "features", "fit_head", "head_apply", "init_head",
-           "label_accuracy", "process_reward", "step_ends", "step_probs"]
+           "label_accuracy", "label_agreement", "process_reward", "step_ends", "step_probs"]

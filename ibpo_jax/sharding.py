@@ -207,13 +207,43 @@ def constrain(x: jax.Array, spec: P) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, P(*entries))
 
 
-def host_array(x: jax.Array) -> np.ndarray:
+def host_array(x: jax.Array | np.ndarray) -> np.ndarray:
     """The full value of a possibly multi-process array as numpy (all processes call it)."""
-    if x.is_fully_addressable:
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
         return np.asarray(x)
     from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def process_share(n: int) -> np.ndarray:
+    """This process's contiguous share of n items that every process holds on the host (all
+    of them on one process): work such as scoring is split by it, then `gather_shares`."""
+    p, k = jax.process_count(), jax.process_index()
+    return np.arange(n * k // p, n * (k + 1) // p)
+
+
+def gather_shares(values: np.ndarray, n: int) -> np.ndarray:
+    """The [n, ...] whole of the per-process `values` of rows `process_share(n)` (all
+    processes call it; the shares are disjoint and cover every row, so a sum assembles them)."""
+    values = np.asarray(values)
+    if jax.process_count() == 1:
+        return values
+    wire = np.uint8 if values.dtype == bool else values.dtype  # bool does not sum
+    full = np.zeros((n, *values.shape[1:]), wire)
+    full[process_share(n)] = values
+    return process_sum(full).astype(values.dtype)
+
+
+def process_sum(x: np.ndarray) -> np.ndarray:
+    """Elementwise sum of a host array over processes (all processes call it, same shape):
+    counts that each process took over its own rows. Itself on one process."""
+    x = np.asarray(x)
+    if jax.process_count() == 1:
+        return x
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x)).sum(0)
 
 
 def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:

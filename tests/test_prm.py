@@ -141,4 +141,5 @@ def test_label_accuracy_hand_example():
     # Row 0: clean clean clean vs 1 1 0 -> 2 hits; row 1: clean wrong wrong vs 1 0 1 -> 2;
     # row 2: wrong vs 1 -> 0.
     assert prm.label_accuracy(prob, valid, first_wrong) == pytest.approx(4 / 7)
+    assert prm.label_agreement(prob, valid, first_wrong) == (4, 7)
     assert np.isnan(prm.label_accuracy(prob, np.zeros_like(valid), first_wrong))

@@ -1,4 +1,5 @@
-"""Host-side batching: prompt records -> left-padded token arrays, responses -> text.
+"""Host-side batching: prompt records -> left-padded token arrays, responses -> text and
+scores.
 
 Prompts are right-aligned in a [B, P] array (left padding) so every response starts at
 column P; the sampler, the trainer's log-prob pass and the comparison kernel all rely on that.
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from ibpo_jax import sharding
 
 
 class PromptBatch(NamedTuple):
@@ -46,6 +49,18 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) ->
             ids = ids[:-1]
         texts.append(tokenizer.decode(ids))
     return texts
+
+
+def score_shared(pool: Any, records: Sequence[dict], texts: Sequence[str]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(reward float32 [n], correct bool [n]) of n (record, text) pairs that every process
+    holds (evaluation, second rounds): each process scores its `process_share` and all
+    receive the whole, so k hosts score n / k each instead of n."""
+    mine = sharding.process_share(len(records))
+    reward, infos = pool.score([records[i] for i in mine], [texts[i] for i in mine])
+    correct = np.array([bool(i["correct"]) for i in infos], bool)
+    return (sharding.gather_shares(reward, len(records)),
+            sharding.gather_shares(correct, len(records)))
 
 
 def encode_supervised(tokenizer: Any, prompts: Sequence[str], targets: Sequence[str],

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from ibpo_jax.sharding import host_array
-from ibpo_jax.trainer.batching import decode_responses, encode_prompts
+from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
 
 EVAL_KEY = 0x5EED  # evaluation draws do not depend on the training step or seed
 
@@ -43,9 +43,7 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
         keep = n_real * samples  # rows are prompt-major
         texts = decode_responses(tokenizer, tokens[:keep], lens[:keep])
         rows = [r for r in part[:n_real] for _ in range(samples)]
-        _, infos = pool.score(rows, texts)
-        first[start: start + n_real] = np.array(
-            [bool(i["correct"]) for i in infos]).reshape(n_real, samples)
+        first[start: start + n_real] = score_shared(pool, rows, texts)[1].reshape(n_real, samples)
         correct[start: start + n_real] = first[start: start + n_real] if second is None else (
             second(rows, texts, jax.random.fold_in(key, start + (1 << 20))).reshape(-1, samples))
         lengths.append(lens[:keep])

@@ -31,7 +31,7 @@ from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer import evaluation, packing, pg_variance, policy, prm_reward, rounds, step
 from ibpo_jax.trainer import workdir as workdir_lib
-from ibpo_jax.trainer.batching import decode_responses, encode_prompts
+from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics
 from ibpo_jax.trainer.state import init_state, make_optimizer
@@ -331,12 +331,22 @@ class Trainer:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         """Rewards, correctness, ended-with-EOS and the verifier's reports of this process's
         rollout rows (tokens [n, R], lengths [n])."""
-        tok = self.tokenizer
-        reward, infos = self.pool.score(records, decode_responses(tok, tokens, lengths))
+        reward, infos = self.pool.score(records, decode_responses(self.tokenizer, tokens, lengths))
         correct = np.array([bool(i["correct"]) for i in infos], bool)
+        return reward, correct, self.ended(tokens, lengths), infos
+
+    def score_all(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rewards, correctness and ended-with-EOS of rows that every process holds (second
+        rounds): each process scores its share (`batching.score_shared`)."""
+        reward, correct = score_shared(self.pool, records,
+                                       decode_responses(self.tokenizer, tokens, lengths))
+        return reward, correct, self.ended(tokens, lengths)
+
+    def ended(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """[n] bool: the response's last token is an EOS (not cut at max_new_tokens)."""
         last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
-        ended = np.isin(last_token, tok.eos_ids) & (lengths > 0)
-        return reward, correct, ended, infos
+        return np.isin(last_token, self.tokenizer.eos_ids) & (lengths > 0)
 
     def diagnose(self, s: int) -> bool:
         """Appendix A's diagnostics at step 1 and every diagnostics.grad_var_every steps."""
@@ -484,11 +494,7 @@ def _first_error_agreement(cred: step.Credit, correct: np.ndarray, rows: np.ndar
     groups = correct.reshape(-1, g)
     scored = (~groups & groups.any(axis=1, keepdims=True)).reshape(-1)
     pairs = [(int(found[i]), t) for i, t in zip(rows, truth) if scored[i] and t is not None]
-    counts = np.array([sum(f == t for f, t in pairs), len(pairs)], np.int64)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        counts = np.asarray(multihost_utils.process_allgather(counts)).reshape(-1, 2).sum(0)
+    counts = sharding.process_sum(np.array([sum(f == t for f, t in pairs), len(pairs)], np.int64))
     if not counts[1]:
         return {}
     return {"first_error_agreement": float(counts[0] / counts[1])}

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ibpo_jax import prm
+from ibpo_jax import prm, sharding
 
 # judge(rows [m] index of the originating response, tokens [m, L] int32 (pad after each
 # length), lengths [m]) -> [m] bool: is this full response correct.
@@ -95,7 +95,7 @@ def _sample_fractions(*, generate: Callable, params: Any, prompts: np.ndarray,
         batch = np.concatenate([prompts[sl], np.repeat(prompts[sl][:1], fill, 0)])
         blens = np.concatenate([lengths[sl], np.repeat(lengths[sl][:1], fill)])
         sample = generate(params, batch, blens, jax.random.fold_in(key, c))
-        tokens, tok_len = np.asarray(sample.tokens), np.asarray(sample.lengths)
+        tokens, tok_len = sharding.host_array(sample.tokens), sharding.host_array(sample.lengths)
         if tokens.shape[0] != chunk * num_completions:
             raise ValueError(f"generate returned {tokens.shape[0]} rows for {chunk} prompts: "
                              f"its num_samples must be num_completions={num_completions}")

@@ -92,7 +92,7 @@ class PrmReward:
         owner = lambda rows: [records[int(r) // c.samples] for r in rows]  # noqa: E731
 
         def judge(rows, tokens, lengths):
-            return t.score(owner(rows), tokens, lengths)[1]
+            return t.score_all(owner(rows), tokens, lengths)[1]  # each process a share
 
         width = t.cfg.rollout.max_prompt_len + t.cfg.rollout.max_new_tokens
         complete = sampling.generate_fn(
@@ -131,10 +131,13 @@ class PrmReward:
             lowest = prm.min_over_steps(prob, valid)
             reward = rollout.reward + self.cfg.weight * lowest
         metrics = {"prm_mean": float(jax.numpy.mean(lowest))}
+        prob, valid = (sharding.host_array(x)[rows] for x in (prob, valid))  # collective
         truth = _truth(infos)
-        if truth is not None:
-            prob, valid = (sharding.host_array(x)[rows] for x in (prob, valid))
-            metrics["prm_label_accuracy"] = prm.label_accuracy(prob, valid, truth)
+        # Counts over this process's rows, summed over processes (every process takes part).
+        hits, n = prm.label_agreement(prob, valid, truth) if truth is not None else (0, 0)
+        hits, n, known = sharding.process_sum(np.array([hits, n, truth is not None]))
+        if known:  # the checker reports first wrong steps (`arith`)
+            metrics["prm_label_accuracy"] = float(hits / n) if n else float("nan")
         return rollout._replace(reward=reward), metrics
 
 

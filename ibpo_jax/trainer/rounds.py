@@ -26,7 +26,7 @@ import numpy as np
 
 from ibpo_jax import sampling, sharding
 from ibpo_jax.data import followups
-from ibpo_jax.trainer.batching import decode_responses, encode_prompts
+from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
 from ibpo_jax.trainer.credit import Credit, Rollout
 
 CORRECTION_COST = 1.2  # trajectories per correction generation (Appendix B: longer context)
@@ -202,8 +202,8 @@ class Corrections:
                  for i, j in zip(wrong, peers)]
         width = cfg.rollout.max_prompt_len + 2 * cfg.rollout.max_new_tokens + TEMPLATE_ROOM
         got = sample_round(trainer, texts, width, key, n)
-        reward, correct, ended, _ = trainer.score([first.records[i // g] for i in wrong],
-                                                  got.response, got.response_len)
+        reward, correct, ended = trainer.score_all([first.records[i // g] for i in wrong],
+                                                   got.response, got.response_len)
         second = slot_arrays(n, wrong, got, reward, correct, ended, trainer.tokenizer.pad_id)
         rollout = joined(first, second, trainer.mesh, trainer.tokenizer.pad_id)
         m, tokens = len(wrong), int(got.response_len.sum())
@@ -234,7 +234,7 @@ class Score:
         width = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens + TEMPLATE_ROOM
         got = sample_round(trainer, texts, width, key, n)
         rows = [first.records[i // g] for i in range(n)]
-        reward, correct, ended, _ = trainer.score(rows, got.response, got.response_len)
+        reward, correct, ended = trainer.score_all(rows, got.response, got.response_len)
         stage1 = s <= cfg.score.stage1_steps
         if not stage1:
             reward = reward + cfg.score.alpha * (reward - first.reward)
@@ -267,9 +267,8 @@ def second_attempts(trainer: Any, records: list[dict], texts: list[str],
                for r, t in zip(records, texts)]
     width = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens + TEMPLATE_ROOM
     got = sample_round(trainer, prompts, width, key, len(prompts), evaluation=True)
-    _, infos = trainer.eval_pool.score(records, decode_responses(
-        trainer.tokenizer, got.response, got.response_len))
-    return np.array([bool(i["correct"]) for i in infos])
+    return score_shared(trainer.eval_pool, records, decode_responses(
+        trainer.tokenizer, got.response, got.response_len))[1]
 
 
 def second_round(cfg: Any) -> Corrections | Score | None:

@@ -5,7 +5,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import pytest
 from ibpo_jax import config
 from ibpo_jax.trainer import loop
 from ibpo_jax.trainer.logs import read_metrics
+from tests.trainer.multiprocess import train_in_two_processes
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py")
@@ -179,22 +179,11 @@ def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninte
 
 def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
     """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
-    mesh over all 4) each score only the rows their devices hold, write one run together
-    (metrics from process 0, checkpoints from both) and match the one-device run."""
-    with socket.socket() as s:  # a free port for the coordinator
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for i in range(2):
-        cmd, env = _train_cmd(tmp_path, data_dir, 2, "--config.train.distributed=true",
-                              "--config.mesh.data=-1")
-        env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
-                   JAX_PROCESS_ID=str(i))
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        out, _ = p.communicate(timeout=900)
-        assert p.returncode == 0, out[-3000:]
+    mesh over all 4) each score only the rows their devices hold and a share of the eval rows,
+    write one run together (metrics from process 0, checkpoints from both) and match the
+    one-device run."""
+    cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1")
+    train_in_two_processes(cmd[3:])
     _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
     assert (tmp_path / "hf_final" / "config.json").exists()
 

@@ -1,0 +1,103 @@
+"""trainer.batching.score_shared: rows every process holds (evaluation, second rounds) are
+scored once in all, each process its share, and every process receives the whole; and
+sharding.process_sum, which adds counts taken over each process's own rows."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ibpo_jax.trainer import batching
+
+ROOT = Path(__file__).parents[2]
+
+# Shared by the in-process test and the two-process script below.
+_POOL = '''
+import numpy as np
+
+
+class CountingPool:
+    """Reward 1 / -1 for text == answer; remembers which rows it was asked to score."""
+
+    def __init__(self):
+        self.seen = []
+
+    def score(self, records, texts):
+        self.seen += [r["id"] for r in records]
+        ok = [t == r["answer"] for r, t in zip(records, texts)]
+        return (np.array([1.0 if o else -1.0 for o in ok], np.float32),
+                [{"correct": o} for o in ok])
+
+
+def batch(n):
+    records = [{"id": i, "answer": str(i)} for i in range(n)]
+    return records, [str(i) if i % 3 else "wrong" for i in range(n)]
+'''
+_SCRIPT = _POOL + '''
+import json
+from ibpo_jax import sharding
+from ibpo_jax.trainer import batching
+
+sharding.initialize_distributed(True)
+out = {}
+for n in (7, 1, 0):
+    pool = CountingPool()
+    reward, correct = batching.score_shared(pool, *batch(n))
+    out[n] = {"seen": pool.seen, "reward": reward.tolist(), "correct": correct.tolist(),
+              "dtypes": [str(reward.dtype), str(correct.dtype)]}
+import jax
+out["sum"] = sharding.process_sum(np.array([jax.process_index() + 1, 10])).tolist()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def _namespace() -> dict:
+    ns: dict = {}
+    exec(_POOL, ns)  # noqa: S102 - the helpers above, also run by the subprocesses
+    return ns
+
+
+def _expected(n: int) -> tuple[list[float], list[bool]]:
+    correct = [i % 3 != 0 for i in range(n)]
+    return [1.0 if c else -1.0 for c in correct], correct
+
+
+def test_one_process_scores_every_row_once():
+    ns = _namespace()
+    pool = ns["CountingPool"]()
+    reward, correct = batching.score_shared(pool, *ns["batch"](7))
+    assert pool.seen == list(range(7))
+    assert (reward.tolist(), correct.tolist()) == _expected(7)
+    assert reward.dtype == np.float32 and correct.dtype == bool
+
+
+def test_two_processes_split_the_rows_and_both_get_every_score():
+    """jax.distributed on one machine (CPU, one device a process): 7 rows split 3 / 4, a
+    single row 0 / 1, none 0 / 0; the shares are disjoint and cover every row."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for i in range(2):
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
+               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
+               "JAX_PROCESS_ID": str(i)}
+        procs.append(subprocess.Popen([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-3000:]
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        results.append(json.loads(line[len("RESULT "):]))
+    assert [r["sum"] for r in results] == [[3, 20], [3, 20]]  # process_sum
+    for n, shares in ((7, ([0, 1, 2], [3, 4, 5, 6])), (1, ([], [0])), (0, ([], []))):
+        assert [r[str(n)]["seen"] for r in results] == list(shares)
+        for r in results:
+            assert (r[str(n)]["reward"], r[str(n)]["correct"]) == _expected(n)
+            assert r[str(n)]["dtypes"] == ["float32", "bool"]
