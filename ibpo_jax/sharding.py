@@ -238,12 +238,24 @@ def gather_shares(values: np.ndarray, n: int) -> np.ndarray:
 def process_sum(x: np.ndarray) -> np.ndarray:
     """Elementwise sum of a host array over processes (all processes call it, same shape):
     counts that each process took over its own rows. Itself on one process."""
+    return _over_processes(x).sum(0)
+
+
+def process_max(x: np.ndarray) -> np.ndarray:
+    """Elementwise max of a host array over processes (all processes call it, same shape):
+    per-row values that only the processes holding a row know (the others put a floor),
+    right also when several processes hold the same row."""
+    return _over_processes(x).max(0)
+
+
+def _over_processes(x: np.ndarray) -> np.ndarray:
+    """[processes, ...]: every process's x, stacked (all processes call it)."""
     x = np.asarray(x)
     if jax.process_count() == 1:
-        return x
+        return x[None]
     from jax.experimental import multihost_utils
 
-    return np.asarray(multihost_utils.process_allgather(x)).sum(0)
+    return np.asarray(multihost_utils.process_allgather(x))
 
 
 def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -372,16 +372,17 @@ class Trainer:
     def write_record(self, s: int, cred: step.Credit, rollout: step.Rollout, rows: np.ndarray,
                      infos: list[dict]) -> None:
         """One line of <workdir>/appendix_a.jsonl: the batch's per-row reward, φ, first error
-        and the checker's true first wrong step (-1: none reported, or scored by another
-        process), read by notebooks/appendix_a.ipynb."""
+        and the checker's true first wrong step (-1: none reported), read by
+        notebooks/appendix_a.ipynb. Each process knows the checker's reports of its own rows."""
         phi, first = (sharding.host_array(x).reshape(-1) for x in (cred.phi, cred.first_error))
         reward, correct = (sharding.host_array(x) for x in (rollout.reward, rollout.correct))
-        if not self.is_main:
-            return
         truth = np.full(len(phi), -1)
         for i, info in zip(rows, infos):
             if info.get("first_wrong_step") is not None:
                 truth[i] = info["first_wrong_step"]
+        truth = sharding.process_max(truth)  # collective: every process
+        if not self.is_main:
+            return
         record = {"step": s, "reward": reward.tolist(), "correct": correct.astype(int).tolist(),
                   "phi": np.round(phi, 5).tolist(), "first_error": first.tolist(),
                   "true_first_wrong": truth.tolist()}

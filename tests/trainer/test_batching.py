@@ -1,6 +1,6 @@
 """trainer.batching.score_shared: rows every process holds (evaluation, second rounds) are
 scored once in all, each process its share, and every process receives the whole; and
-sharding.process_sum, which adds counts taken over each process's own rows."""
+sharding.process_sum / process_max, which combine what each process took of its own rows."""
 
 import json
 import os
@@ -51,6 +51,12 @@ for n in (7, 1, 0):
               "dtypes": [str(reward.dtype), str(correct.dtype)]}
 import jax
 out["sum"] = sharding.process_sum(np.array([jax.process_index() + 1, 10])).tolist()
+known = np.full(4, -1)  # process 0 knows rows 0-1, process 1 rows 1-3 (row 1 held by both)
+if jax.process_index() == 0:
+    known[[0, 1]] = [5, 6]
+else:
+    known[[1, 2, 3]] = [6, -1, 2]
+out["max"] = sharding.process_max(known).tolist()
 print("RESULT " + json.dumps(out))
 '''
 
@@ -96,6 +102,7 @@ def test_two_processes_split_the_rows_and_both_get_every_score():
         line = next(x for x in out.splitlines() if x.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
     assert [r["sum"] for r in results] == [[3, 20], [3, 20]]  # process_sum
+    assert [r["max"] for r in results] == [[5, 6, -1, 2], [5, 6, -1, 2]]  # process_max
     for n, shares in ((7, ([0, 1, 2], [3, 4, 5, 6])), (1, ([], [0])), (0, ([], []))):
         assert [r[str(n)]["seen"] for r in results] == list(shares)
         for r in results:
