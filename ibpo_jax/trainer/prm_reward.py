@@ -131,12 +131,11 @@ class PrmReward:
             lowest = prm.min_over_steps(prob, valid)
             reward = rollout.reward + self.cfg.weight * lowest
         metrics = {"prm_mean": float(jax.numpy.mean(lowest))}
-        prob, valid = (sharding.host_array(x)[rows] for x in (prob, valid))  # collective
         truth = _truth(infos)
-        # Counts over this process's rows, summed over processes (every process takes part).
-        hits, n = prm.label_agreement(prob, valid, truth) if truth is not None else (0, 0)
-        hits, n, known = sharding.process_sum(np.array([hits, n, truth is not None]))
-        if known:  # the checker reports first wrong steps (`arith`)
+        if truth is not None:  # the task's checker reports first wrong steps (`arith`)
+            prob, valid = (sharding.host_array(x)[rows] for x in (prob, valid))
+            # Counts over this process's rows, summed over processes.
+            hits, n = sharding.process_sum(np.array(prm.label_agreement(prob, valid, truth)))
             metrics["prm_label_accuracy"] = float(hits / n) if n else float("nan")
         return rollout._replace(reward=reward), metrics
 

@@ -183,7 +183,7 @@ def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
     write one run together (metrics from process 0, checkpoints from both) and match the
     one-device run."""
     cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1")
-    train_in_two_processes(cmd[3:])
+    train_in_two_processes(cmd[3:])  # the arguments after `python -m ibpo_jax.train`
     _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
     assert (tmp_path / "hf_final" / "config.json").exists()
 
