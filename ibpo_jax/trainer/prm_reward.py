@@ -113,8 +113,10 @@ class PrmReward:
         metrics = {f"prm_fit_{k}": v for k, v in fit.items()}
         metrics["prm_label_cost"] = float(mc.cost)
         metrics["prm_prefixes_dropped"] = float(mc.dropped)
-        truth = _truth(t.score(owner(range(len(response))), response, response_len)[3])
+        mine = sharding.process_share(len(response))  # each process checks a share
+        truth = _truth(t.score(owner(mine), response[mine], response_len[mine])[3])
         if truth is not None:  # the checker knows the first wrong step: grade labels and head
+            truth = sharding.gather_shares(truth, len(response))
             metrics["prm_mc_label_accuracy"] = prm.label_accuracy(mc.labels, mc.valid, truth)
             prob = jax.nn.sigmoid(prm.head_apply(head, feats))
             metrics["prm_fit_label_accuracy"] = prm.label_accuracy(prob, mc.valid, truth)
