@@ -190,7 +190,7 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
                 if profile and s == args.steps:
                     trainer.update_fn = capture
                 c0, t0 = compiles.total, time.perf_counter()
-                m = trainer.rl_step(s)
+                m, _ = trainer.rl_step(s)  # (metrics, record rows)
                 times.append(time.perf_counter() - t0)
                 compile_s.append(compiles.total - c0)
                 rows.append(m)

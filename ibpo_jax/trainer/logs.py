@@ -1,8 +1,9 @@
-"""Run outputs: metrics.jsonl (one object per step), TensorBoard events, a progress bar.
+"""Run outputs: metrics.jsonl (one object per step), per-step record files such as
+appendix_a.jsonl, TensorBoard events, a progress bar.
 
 On resume, rows of steps after the restored checkpoint (written by the killed run before it
-died) are dropped from metrics.jsonl and purged from TensorBoard, so the file of a resumed run
-equals that of an uninterrupted one.
+died) are dropped from metrics.jsonl and the record files and purged from TensorBoard, so the
+files of a resumed run equal those of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -63,8 +64,28 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+# Per-step record files beside metrics.jsonl (each line an object with its "step").
+RECORDS = ("appendix_a.jsonl",)
+
+
+def _line(row: dict[str, Any], name: str) -> str:
+    """One jsonl line; record files (lists of per-row values) are written without spaces."""
+    return json.dumps(row, separators=(",", ":") if name in RECORDS else None) + "\n"
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Drops the rows of steps after `step` from the jsonl at `path` (if there is one)."""
+    if not path.exists():
+        return
+    rows = [r for r in read_metrics(path) if r["step"] <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(_line(r, path.name) for r in rows))
+    os.replace(tmp, path)  # atomic: a kill here leaves either file whole
+
+
 class RunLog:
-    """Writes metrics rows to jsonl + TensorBoard and drives the progress bar."""
+    """Writes metrics rows to jsonl + TensorBoard, per-step records to their own jsonl, and
+    drives the progress bar."""
 
     def __init__(self, workdir: str | Path, *, total_steps: int, last_step: int,
                  progress: bool, is_main: bool = True):
@@ -77,24 +98,19 @@ class RunLog:
         if not is_main:
             return
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._truncate_after(last_step)
+        for path in (self.path, *(self.workdir / name for name in RECORDS)):
+            _truncate_after(path, last_step)
         self._file = open(self.path, "a")
         self._tb = SummaryWriter(str(self.workdir / "tensorboard"), purge_step=last_step + 1)
         if progress:
             self._bar = tqdm.tqdm(total=total_steps, initial=max(last_step, 0), desc="rl",
                                   dynamic_ncols=True, file=sys.stderr)
 
-    def _truncate_after(self, step: int) -> None:
-        rows = [r for r in read_metrics(self.path) if r["step"] <= step]
-        tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        os.replace(tmp, self.path)  # atomic: a kill here leaves either file whole
-
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.is_main:
             return
         row = {"step": step, **{k: _jsonable(v) for k, v in sorted(metrics.items())}}
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(_line(row, self.path.name))
         self._file.flush()
         for key, value in row.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -104,6 +120,14 @@ class RunLog:
                      if isinstance(row.get(k), (int, float))}
             self._bar.set_postfix(shown, refresh=False)
             self._bar.update(step - self._bar.n)
+
+    def record(self, name: str, row: dict[str, Any]) -> None:
+        """Appends `row` (with its "step") to the record file `name`, one of RECORDS."""
+        if name not in RECORDS:
+            raise ValueError(f"record file {name!r}: not one of {', '.join(RECORDS)}")
+        if self.is_main:
+            with open(self.workdir / name, "a") as f:
+                f.write(_line(row, name))
 
     def info(self, message: str) -> None:
         if not self.is_main:

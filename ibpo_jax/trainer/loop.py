@@ -221,8 +221,9 @@ class Trainer:
                 second=functools.partial(rounds.second_attempts, self) if cfg.score.enabled
                 else None)  # SCoRe answers with its second attempt
 
-    def rl_step(self, s: int) -> dict[str, float]:
-        """RL step `s` (1-based): updates the state, returns the step's metrics."""
+    def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
+        """RL step `s` (1-based): updates the state, returns the step's metrics and its rows
+        of the record files (`logs.RECORDS`, by file name)."""
         g = self.cfg.rollout.group_size
         with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
@@ -247,11 +248,11 @@ class Trainer:
             cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
             jax.block_until_ready(cred)
         first_cred, correct_all = cred, rollout.correct
-        diag = {}
+        diag, logged = {}, {}
         if self.diagnose(s):  # at the policy that sampled the batch, before the update
             diag = self.pg_variance(rollout, cred, np.repeat(prompts.lengths, g),
                                     prompts.tokens.shape[1])
-            self.write_record(s, cred, rollout, rows, infos)
+            logged["appendix_a.jsonl"] = self.appendix_a_record(s, cred, rollout, rows, infos)
         self.budget += len(lengths)
         if self.second is not None:  # appended rows: the update trains on both rounds
             rollout, cred, plan = self.second_round(s, jax.random.fold_in(gen_key, 1), records,
@@ -280,7 +281,7 @@ class Trainer:
             time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0)
             - extra.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
         )
-        return metrics
+        return metrics, logged
 
     def second_round(self, s: int, key: jax.Array, records: list[dict], rollout: step.Rollout,
                      cred: Any, metrics: dict[str, float]
@@ -369,25 +370,22 @@ class Trainer:
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         return {**out, "time_pg_var_s": time.perf_counter() - t0}
 
-    def write_record(self, s: int, cred: step.Credit, rollout: step.Rollout, rows: np.ndarray,
-                     infos: list[dict]) -> None:
-        """One line of <workdir>/appendix_a.jsonl: the batch's per-row reward, φ, first error
-        and the checker's true first wrong step (-1: none reported), read by
-        notebooks/appendix_a.ipynb. Each process knows the checker's reports of its own rows."""
+    def appendix_a_record(self, s: int, cred: step.Credit, rollout: step.Rollout,
+                          rows: np.ndarray, infos: list[dict]) -> dict:
+        """Step s's line of <workdir>/appendix_a.jsonl: the batch's per-row reward, φ, first
+        error and the checker's true first wrong step (-1: none reported), read by
+        notebooks/appendix_a.ipynb. Each process knows the checker's reports of its own rows
+        (a collective: every process calls it)."""
         phi, first = (sharding.host_array(x).reshape(-1) for x in (cred.phi, cred.first_error))
         reward, correct = (sharding.host_array(x) for x in (rollout.reward, rollout.correct))
         truth = np.full(len(phi), -1)
         for i, info in zip(rows, infos):
             if info.get("first_wrong_step") is not None:
                 truth[i] = info["first_wrong_step"]
-        truth = sharding.process_max(truth)  # collective: every process
-        if not self.is_main:
-            return
-        record = {"step": s, "reward": reward.tolist(), "correct": correct.astype(int).tolist(),
-                  "phi": np.round(phi, 5).tolist(), "first_error": first.tolist(),
-                  "true_first_wrong": truth.tolist()}
-        with open(self.workdir / "appendix_a.jsonl", "a") as f:
-            f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        truth = sharding.process_max(truth)
+        return {"step": s, "reward": reward.tolist(), "correct": correct.astype(int).tolist(),
+                "phi": np.round(phi, 5).tolist(), "first_error": first.tolist(),
+                "true_first_wrong": truth.tolist()}
 
     def update_tokens_frac(self, plan: packing.Plan, prompt_shape: tuple[int, int],
                            response_shape: tuple[int, int]) -> float:
@@ -457,7 +455,9 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
                           "time_total_s": time.perf_counter() - t_start})
         stall = workdir_lib.StallGuard(cfg.optim.epochs * cfg.optim.minibatches)
         for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
-            metrics = trainer.rl_step(s)
+            metrics, logged = trainer.rl_step(s)
+            for name, row in logged.items():
+                log.record(name, row)
             final = s == cfg.train.steps or 0 < cfg.train.budget <= metrics["budget_trajectories"]
             if s % cfg.train.eval_every == 0 or final:
                 metrics.update(trainer.evaluate())

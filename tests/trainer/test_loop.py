@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ibpo_jax import config
@@ -71,7 +72,8 @@ def _train_cmd(workdir, data_dir, devices, *extra):
            "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "ibpo_jax.train", "--config=configs/ibpo_gspo.py:smoke",
            f"--workdir={workdir}", f"--config.task.data_dir={data_dir}",
-           "--config.train.steps=6", "--config.train.checkpoint_every=2", *extra]
+           "--config.train.steps=6", "--config.train.checkpoint_every=2",
+           "--config.diagnostics.grad_var_every=3", *extra]  # Appendix A's at steps 1, 3, 6
     return cmd, env
 
 
@@ -114,7 +116,8 @@ def test_evaluate_cli_reads_a_run_and_its_hf_export_alike(uninterrupted_dir, dat
     assert results[0] == results[1]
 
 
-def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, data_dir, tmp_path):
+def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, uninterrupted_dir, data_dir,
+                                                      tmp_path):
     cmd, env = _train_cmd(tmp_path, data_dir, 1)
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -133,6 +136,23 @@ def test_sigkill_and_resume_reproduces_the_run_bitwise(uninterrupted, data_dir, 
     resumed = read_metrics(metrics)
     assert [r["step"] for r in resumed] == list(range(7))
     assert _comparable(resumed) == _comparable(uninterrupted)  # bitwise: floats compared exactly
+    assert _appendix_a(tmp_path) == _appendix_a(uninterrupted_dir)  # step 3's not twice
+
+
+def _appendix_a(workdir):
+    return [json.loads(line) for line in (Path(workdir) / "appendix_a.jsonl").read_text()
+            .splitlines()]
+
+
+def _assert_same_records(workdir, reference_dir):
+    """Appendix A's per-row records: discrete fields exactly, φ (5 decimals) to rounding."""
+    rows, reference = _appendix_a(workdir), _appendix_a(reference_dir)
+    assert [r["step"] for r in rows] == [r["step"] for r in reference] == [1, 3, 6]
+    for a, b in zip(rows, reference):
+        assert {k: v for k, v in a.items() if k != "phi"} == {
+            k: v for k, v in b.items() if k != "phi"}
+        np.testing.assert_allclose(a["phi"], b["phi"], atol=2e-5)
+    assert any(t >= 0 for r in reference for t in r["true_first_wrong"])  # the checker reports
 
 
 def _assert_same_run(rows, reference):
@@ -149,11 +169,13 @@ def _assert_same_run(rows, reference):
                     a["step"], key, a[key], b[key])
 
 
-def test_mesh_of_8_devices_matches_one_device(uninterrupted, data_dir, tmp_path):
+def test_mesh_of_8_devices_matches_one_device(uninterrupted, uninterrupted_dir, data_dir,
+                                              tmp_path):
     cmd, env = _train_cmd(tmp_path, data_dir, 8, "--config.mesh.data=2",
                           "--config.mesh.fsdp=2", "--config.mesh.tensor=2")
     subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
     _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
+    _assert_same_records(tmp_path, uninterrupted_dir)
 
 
 def test_bad_config_value_stops_at_start_up_naming_the_key():
@@ -177,7 +199,7 @@ def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninte
     assert cells[2] == f"{100 * evals[0]:.1f}" and cells[3] == f"{100 * evals[-1]:.1f}"
 
 
-def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
+def test_two_processes_match_one_device(uninterrupted, uninterrupted_dir, data_dir, tmp_path):
     """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
     mesh over all 4) each score only the rows their devices hold and a share of the eval rows,
     write one run together (metrics from process 0, checkpoints from both) and match the
@@ -185,6 +207,7 @@ def test_two_processes_match_one_device(uninterrupted, data_dir, tmp_path):
     cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1")
     train_in_two_processes(cmd[3:])  # the arguments after `python -m ibpo_jax.train`
     _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
+    _assert_same_records(tmp_path, uninterrupted_dir)  # the checker's reports of both
     assert (tmp_path / "hf_final" / "config.json").exists()
 
 
@@ -208,6 +231,7 @@ def test_damaged_latest_checkpoint_and_torn_metrics_line_resume_the_same_run(
     assert "dropped a torn last line" in out.stderr
     assert f"resumed from {workdir / 'checkpoints'}/4" in out.stdout
     assert _comparable(read_metrics(metrics)) == _comparable(uninterrupted)
+    assert _appendix_a(workdir) == _appendix_a(uninterrupted_dir)
 
 
 def test_changed_config_resumes_only_when_allowed_and_is_recorded(uninterrupted_dir, data_dir,

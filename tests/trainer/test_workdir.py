@@ -136,6 +136,22 @@ def test_torn_last_metrics_line_is_dropped_with_a_warning(tmp_path):
         read_metrics(path)
 
 
+def test_resume_drops_the_killed_runs_later_rows_from_metrics_and_record_files(tmp_path):
+    """A run killed after logging step 3 resumes from its step-2 checkpoint: steps 3+ leave
+    metrics.jsonl and appendix_a.jsonl alike, so the rerun's rows are not written twice."""
+    log = RunLog(tmp_path, total_steps=4, last_step=-1, progress=False)
+    for s in range(4):
+        log.write(s, {"reward_mean": 0.1 * s})
+        log.record("appendix_a.jsonl", {"step": s, "phi": [0.5, s]})
+    log.close()
+    RunLog(tmp_path, total_steps=4, last_step=2, progress=False).close()
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+    assert (tmp_path / "appendix_a.jsonl").read_text() == "".join(
+        f'{{"step":{s},"phi":[0.5,{s}]}}\n' for s in range(3))  # compact lines kept compact
+    with pytest.raises(ValueError, match="record file 'other.jsonl': not one of appendix_a"):
+        RunLog(tmp_path, total_steps=4, last_step=2, progress=False).record("other.jsonl", {})
+
+
 def test_stall_guard_stops_after_k_steps_with_every_update_skipped():
     guard = workdir.StallGuard(updates_per_step=4, limit=3)
     for s, skipped in enumerate([4, 4, 1, 4, 4], start=1):  # a step with an applied update
