@@ -29,11 +29,15 @@ from ibpo_jax.trainer.credit import Rollout
 
 
 def _truth(infos: list[dict]) -> np.ndarray | None:
-    """The checker's first wrong step per response (-1: none), or None if it reports none."""
-    if not infos or any("first_wrong_step" not in i for i in infos):
+    """The checker's first wrong step for each of this process's responses (-1: none), or
+    None where the checker does not report it. All processes call it and get the same branch,
+    since collectives follow it: a process whose share is empty decides with the others."""
+    lacks, holds = sharding.process_max(np.array(
+        [any("first_wrong_step" not in i for i in infos), bool(infos)], np.int32))
+    if lacks or not holds:
         return None
     return np.array([-1 if i["first_wrong_step"] is None else i["first_wrong_step"]
-                     for i in infos])
+                     for i in infos], np.int64)  # int also for an empty share
 
 
 class PrmReward:
