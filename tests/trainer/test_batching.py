@@ -2,18 +2,10 @@
 scored once in all, each process its share, and every process receives the whole; and
 sharding.process_sum / process_max, which combine what each process took of its own rows."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from ibpo_jax.trainer import batching
-
-ROOT = Path(__file__).parents[2]
+from tests.trainer.multiprocess import script_in_two_processes
 
 # Shared by the in-process test and the two-process script below.
 _POOL = '''
@@ -84,23 +76,7 @@ def test_one_process_scores_every_row_once():
 def test_two_processes_split_the_rows_and_both_get_every_score():
     """jax.distributed on one machine (CPU, one device a process): 7 rows split 3 / 4, a
     single row 0 / 1, none 0 / 0; the shares are disjoint and cover every row."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for i in range(2):
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": str(i)}
-        procs.append(subprocess.Popen([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    results = []
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-3000:]
-        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
+    results = script_in_two_processes(_SCRIPT)
     assert [r["sum"] for r in results] == [[3, 20], [3, 20]]  # process_sum
     assert [r["max"] for r in results] == [[5, 6, -1, 2], [5, 6, -1, 2]]  # process_max
     for n, shares in ((7, ([0, 1, 2], [3, 4, 5, 6])), (1, ([], [0])), (0, ([], []))):

@@ -2,18 +2,10 @@
 together, so that a process whose share of rows is empty still joins the collectives that
 follow (it used to skip them and leave the others waiting)."""
 
-import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from ibpo_jax.trainer.prm_reward import _truth
-
-ROOT = Path(__file__).parents[2]
+from tests.trainer.multiprocess import script_in_two_processes
 
 
 def test_one_process():
@@ -44,28 +36,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_two_processes_agree_when_one_share_is_empty():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for i in range(2):
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "",
-               "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}", "JAX_NUM_PROCESSES": "2",
-               "JAX_PROCESS_ID": str(i)}
-        procs.append(subprocess.Popen([sys.executable, "-c", _SCRIPT], env=env, cwd=ROOT,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      text=True))
-    results = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a process is still waiting in a collective") from None
-        assert p.returncode == 0, out[-3000:]
-        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
-        results.append(json.loads(line[len("RESULT "):]))
+    results = script_in_two_processes(_SCRIPT, timeout=180)
     assert [r["share"] for r in results] == [[[], "int64"], [[2], "int64"]]
     assert [r["whole"] for r in results] == [[2], [2]]
     assert [r["lacking"] for r in results] == [None, None]
