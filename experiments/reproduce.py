@@ -42,7 +42,7 @@ from pathlib import Path
 
 from experiments import credit_probe, gradient_probe, report
 from experiments import items as items_lib
-from ibpo_jax.host import cpu_model
+from ibpo_jax.host import cpu_model, git_commit
 
 ROOT = items_lib.ROOT
 RESULTS = ROOT / "experiments" / "results"
@@ -102,7 +102,9 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
     # A few KB per run: evaluations, diagnostic steps and every 10th step.
     rows = [r for r in rows if r["step"] % 10 == 0 or "eval_accuracy" in r or "pg_var" in r]
     base = workdir / "base.json"
+    commit, dirty = git_commit(ROOT)
     return {"command": " ".join(cmd[1:]).replace(sys.executable, "python"), "config": cfg,
+            "commit": commit, "dirty": dirty,
             "base": json.loads(base.read_text()) if base.exists() else None,
             "cpu": cpu_model(), "rows": rows}
 

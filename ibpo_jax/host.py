@@ -31,3 +31,20 @@ def cpu_model(cpuinfo: str | None = None) -> str:
     simd = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "")
     return (f"{info['model name']} [family {info.get('cpu family', '?')} model "
             f"{info.get('model', '?')}{', ' + simd if simd else ''}]")
+
+
+def git_commit(root: str | Path | None = None) -> tuple[str, bool]:
+    """(commit hash, dirty) of the checkout holding `root` (default: this package), so a
+    record names the code that made it; ("unknown", False) outside a git checkout."""
+    import subprocess
+
+    cwd = Path(root) if root is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=cwd, capture_output=True, text=True, check=True,
+                                timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", False
+    return head, bool(status.strip())
