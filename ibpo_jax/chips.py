@@ -32,6 +32,9 @@ CHIPS = {c.name: c for c in (
     # 989 TFLOP/s, 3.35 TB/s; H200 989 TFLOP/s, 141 GB, 4.8 TB/s.
     Chip("a100-80gb", "gpu", 312e12, 80 * GIB, 2.039e12, 0.95),
     Chip("h100", "gpu", 989e12, 80 * GIB, 3.35e12, 0.95),
+    # H100 PCIe (device kind "NVIDIA H100 PCIe"): 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; an
+    # H100 of unstated form factor is taken as the SXM part above.
+    Chip("h100-pcie", "gpu", 756e12, 80 * GIB, 2.0e12, 0.95),
     Chip("h200", "gpu", 989e12, 141 * 10 ** 9, 4.8e12, 0.95),
     # Google Cloud TPU system architecture pages, per chip.
     Chip("tpu-v4", "tpu", 275e12, 32 * GIB, 1.228e12, 0.95),
@@ -60,9 +63,9 @@ def from_device_kind(kind: str) -> Chip | None:
     """The chip of a `jax.Device.device_kind` string ("NVIDIA H100 80GB HBM3", "TPU v5p"),
     or None when the table has no match."""
     k = kind.lower().replace(" ", "")
-    for needle, name in (("a100", "a100-80gb"), ("h100", "h100"), ("h200", "h200"),
-                         ("v4", "tpu-v4"), ("v5lite", "tpu-v5e"), ("v5e", "tpu-v5e"),
-                         ("v5p", "tpu-v5p"), ("v6", "tpu-v6e")):
+    for needle, name in (("a100", "a100-80gb"), ("h100pcie", "h100-pcie"), ("h100", "h100"),
+                         ("h200", "h200"), ("v4", "tpu-v4"), ("v5lite", "tpu-v5e"),
+                         ("v5e", "tpu-v5e"), ("v5p", "tpu-v5p"), ("v6", "tpu-v6e")):
         if needle in k:
             return CHIPS[name]
     return None

@@ -1,497 +1,417 @@
-"""One-command accelerator check: the figures a lent GPU / TPU should give us, in <= 8 minutes.
+"""Accelerator check: what one GPU / TPU does with the 0.6B preset's RL step, in one short run.
 
-On the first device (`jax.devices()[0]`), with a random `qwen3_0.6b`-shaped Qwen3 (the
-`qwen3-0.6b` preset of ibpo_jax/models/config.py) run as `configs/ibpo_gspo.py:qwen3_0.6b_math`
-runs it (bfloat16 compute, float32 master weights, "dots" remat, scanned layers, 1024-position
-logit chunks), it measures, in sections:
+The trainer's own RL step (`loop.Trainer.rl_step`, its jitted sampler, `step.credit` and
+`step.update`) on random weights of the real Qwen3-0.6B architecture, run as
+`configs/ibpo_gspo.py:qwen3_0.6b_math` runs it (bf16 compute, f32 master weights, "dots" remat,
+scanned layers, prompts of 1,024 tokens, up to 8,192 new tokens, G = 8) on the first device, for
+`--steps` steps (>= 3). Only the prompts per step are reduced (default 2 of the preset's 128,
+sized for 8 fsdp devices), and the output says so; nothing else shrinks: a step that runs out of
+memory FAILS (exit 1) and says where. Stand-ins for what needs files: accelerator_check_lib.py.
 
-  peak      bf16 matmul rate (n x n @ n x n, chained in one jit): the MFU denominator.
-  train     LM train step (next-token NLL + the preset's AdamW) on B x T random tokens:
-            tokens/s and MFU against `peak`.
-  sampler   our KV-cache sampler (`sampling.generate_fn`), 16 prompts x 8 samples = 128 rows,
-            1024 new tokens each (no EOS, so every row runs them all): generated tokens/s.
-  phi       `comparison.compute_phi` (lcs_first_error) vmapped over groups of G = 8 responses of
-            4k-8k tokens (DESIGN §2), and `comparison.lcs_first_error` vmapped over pairs of 8k:
-            DP cells/s, cells = Σ len_a·len_b over every pair the kernel computes (G×G per group).
-  rl_step   one RL step (`trainer.step.credit` + `trainer.step.update`, jitted as the Trainer
-            jits them), the preset's per-row shapes (prompt 1024, 8192 new tokens, G = 8,
-            max_units 0 = every step), 2 prompts (the preset's 128 are sized for 8 fsdp
-            devices), on a synthetic rollout: seconds, tokens/s, MFU. If the compiled update
-            needs more than the device's free memory (attention scores are materialized:
-            XLA:CPU assigns ~297 / 131 / 69 GB of temporaries at 8192 / 4096 / 2048 new
-            tokens; XLA:GPU 217 GiB at 8192), the new tokens are halved, at most twice, and
-            the lines say so.
+Figures (a table on stdout; all of them, with the run's identity, in the JSON at --out):
+  matmul    bf16 n x n matmuls, chained in one jit: measured TFLOP/s beside the chip's spec.
+  plan      `ibpo_jax.plan.plan_json(cfg, hardware, devices=1)`, or "plan unavailable: why".
+  phases    per step: sample / reward / φ / score / update seconds. sample, reward, φ and
+            update are the loop's own timings (time_rollout_s, time_reward_s, time_phi_s,
+            time_update_s); score is the update's frozen forward run on its own (the policy's
+            log-probs of the sampled tokens), timed apart and taken out of the update's time.
+  mfu       model FLOPs (accelerator_check_lib.FLOPS_NOTE) of a step (generation + update) and
+            of the update alone over their seconds, against the spec peak and the measured one.
+  sampler   generated tokens/s, and the achieved HBM bandwidth against DESIGN §9's decode
+            roofline: (sampling weights + each row's filled KV cache) bytes per decode step.
+  memory    `device.memory_stats()["peak_bytes_in_use"]` after each phase (cumulative) beside
+            the plan's per-program and per-device peaks.
+  compile   compilations (jax.monitoring events) and their seconds per step and phase: step 1
+            compiles, later steps should not (recompiles), and the jit cache sizes.
+  mismatch  sampler vs trainer log-probs of the same tokens in bf16: |Δ| mean / max and the
+            importance ratio exp(Δ).
 
-Model FLOPs (stated in each line): 6·N per trained token, 2·N per forward-only one, N = matmul
-weights incl. the tied unembedding, plus causal attention, 4·L·heads·head_dim per (query,
-visible key) forward, x3 with backward. Remat recomputation and padding are not counted.
+Steady-state figures are medians over steps 2.. (step 1 compiles). The chip comes from
+`chips.from_device_kind(device_kind)`; `--chip NAME` names one instead (on CPU: the ratios are
+then against an assumed chip, and every output says so). `--tiny` runs the same path at CPU
+sizes in seconds (tests/test_accelerator_check.py). On a lent machine:
+experiments/benchmarks/accelerator_check.sh (RESULTS.md, "Accelerator check").
 
-Output: one JSON line per figure on stdout (name, value, unit, device_kind, shapes, ...), one
-per section (seconds, budget, status: "ok" or its error; later sections still run), and the
-total. A section's timing loop stops at its budget (after the first call and one timed call); a
-watchdog ends the process at 8 min (budgets x --budget-scale). `--tiny` shrinks every shape for
-a CPU run (tests/test_accelerator_check.py).
-
-    python experiments/benchmarks/accelerator_check.py [--tiny] [--sections peak,train,...]
-        [--rl-override key=value ...] (rl_step config overrides) [--budget-scale X]
+    python experiments/benchmarks/accelerator_check.py [--tiny] [--chip h100] [--out X.json]
+        [--steps 3] [--prompts 2] [--override key=value ...] [--time-limit S]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import functools
 import json
 import math
 import os
+import statistics
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from bench_phi_tiling import group_units  # the sibling script: φ's benchmark inputs
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
-
-from ibpo_jax import comparison, host, hostmem, models, sampling, sharding
-from ibpo_jax import config as config_lib
-from ibpo_jax.trainer import packing, policy, step
-from ibpo_jax.trainer.state import init_state, make_optimizer
 
 REPO = Path(__file__).resolve().parents[2]
-CONFIG = f"{REPO}/configs/ibpo_gspo.py:qwen3_0.6b_math"
-TOTAL_BUDGET_S = 480.0  # the watchdog's limit: 8 minutes
-DELIM = 198  # "\n" in the Qwen3 vocabulary: the step delimiter of the synthetic responses
+for _p in (str(REPO), str(Path(__file__).resolve().parent)):  # ibpo_jax, the sibling module
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+import accelerator_check_lib as lib  # noqa: E402
 
+from ibpo_jax import chips, host, hostmem  # noqa: E402
+from ibpo_jax import config as config_lib  # noqa: E402
 
-@dataclasses.dataclass(frozen=True)
-class Shapes:
-    """Every size the check uses; `FULL` on an accelerator, `TINY` for the CPU test."""
-
-    budgets: dict  # section -> seconds
-    matmul: tuple[int, int]  # n, chain: `chain` dependent (n x n) @ (n x n) bf16 matmuls
-    train: tuple[int, int]  # batch, sequence length
-    sample: tuple[int, int, int, int]  # prompts, samples per prompt, prompt len, new tokens
-    phi: tuple[int, int, int, int, int]  # groups, G, min / max units per response, LCS pairs
-    repeats: int
-    rl_overrides: tuple  # on top of the preset; ((key, value), ...)
-
-
+CONFIG = "configs/ibpo_gspo.py:qwen3_0.6b_math"
+PHASES = ("sample", "reward", "phi", "score", "update")
 _ONE_DEVICE = (("mesh.data", "1"), ("mesh.fsdp", "1"), ("mesh.tensor", "1"),
-               ("train.distributed", "false"), ("reward.num_workers", "0"))
-FULL = Shapes(
-    budgets=dict(peak=20, train=90, sampler=100, phi=50, rl_step=200), matmul=(8192, 16),
-    train=(8, 2048), sample=(16, 8, 256, 1024), phi=(16, 8, 4096, 8192, 64), repeats=5,
-    rl_overrides=_ONE_DEVICE + (("rollout.prompts_per_step", "2"), ("optim.microbatches", "2"))
-)
-TINY = Shapes(
-    budgets=dict(peak=10, train=20, sampler=20, phi=15, rl_step=40), matmul=(128, 2),
-    train=(2, 32), sample=(2, 2, 8, 16), phi=(2, 8, 48, 96, 4), repeats=2,
-    rl_overrides=_ONE_DEVICE + (
-        ("model.preset", "tiny"), ("model.tiny.hidden_size", "64"),
-        ("model.tiny.intermediate_size", "128"), ("model.tiny.num_hidden_layers", "2"),
-        ("model.tiny.num_attention_heads", "4"), ("model.tiny.num_key_value_heads", "2"),
-        ("model.tiny.head_dim", "16"), ("model.logits_chunk", "16"),
-        ("rollout.prompts_per_step", "2"), ("rollout.max_prompt_len", "16"),
-        ("rollout.max_new_tokens", "48"), ("ibpo.max_units", "32"),
-        ("optim.microbatches", "2")),
-)
-TINY_VOCAB = 256  # the tiny preset's vocabulary (no tokenizer: ids are random)
+               ("reward.num_workers", "0"))  # in-process verifier: a few rows per step
+_TINY = (("model.preset", "tiny"), ("model.tiny.hidden_size", "64"),
+         ("model.tiny.intermediate_size", "128"), ("model.tiny.num_hidden_layers", "2"),
+         ("model.tiny.num_attention_heads", "4"), ("model.tiny.num_key_value_heads", "2"),
+         ("model.tiny.head_dim", "16"), ("model.logits_chunk", "16"),
+         ("rollout.max_prompt_len", "16"), ("rollout.max_new_tokens", "32"))
 
 
-class Report:
-    """Prints one JSON line per figure, each tagged with the device and the host's CPU."""
-
-    def __init__(self, device: jax.Device):
-        self.device = {"device_kind": device.device_kind, "platform": device.platform,
-                       "host_cpu": host.cpu_model()}
-
-    def emit(self, name: str, value: float, unit: str, **extra: Any) -> None:
-        """To the real stdout: sys.stdout points at stderr while the sections run."""
-        print(json.dumps({"name": name, "value": float(value), "unit": unit, **self.device,
-                          **extra}), file=sys.__stdout__, flush=True)
+def run_config(tiny: bool, prompts: int, extra: list[tuple[str, str]]) -> config_lib.RunConfig:
+    return config_lib.load(f"{REPO}/{CONFIG}", [*_ONE_DEVICE, *(_TINY if tiny else ()),
+                                                ("rollout.prompts_per_step", str(prompts)),
+                                                *extra])
 
 
-def timed(fn: Callable[[], Any], budget_s: float, repeats: int) -> tuple[float, float]:
-    """(first call seconds, the best of up to `repeats` later calls): compile and warm up, then
-    time until `repeats` calls or `budget_s` seconds since the start, at least one timed call."""
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - t0
-    best = math.inf
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-        if time.perf_counter() - t0 > budget_s:
-            break
-    return first, best
+def resolve_chip(kind: str, name: str | None) -> tuple[chips.Chip | None, str]:
+    """(chip, how it was found): the device kind's row of the table, or the one --chip names
+    (assumed when the device is not that chip)."""
+    found = chips.from_device_kind(kind)
+    if name is None:
+        return found, f"from the device kind {kind!r}" if found else \
+            f"none: the chip table has no {kind!r} (pass --chip to assume one)"
+    named = chips.chip(name)
+    if found is not None and found.name == named.name:
+        return named, f"--chip {name}, the device's own ({kind!r})"
+    return named, f"ASSUMED by --chip {name}: the device is {kind!r}, not this chip"
 
 
-
-def matmul_params(c: models.Qwen3Config) -> int:
-    """Weights that multiply activations: q/k/v/o, the MLP, and the unembedding."""
-    d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
-    n, k, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    return c.num_hidden_layers * (2 * d * n * h + 2 * d * k * h + 3 * d * f) + d * v
-
-
-def attention_fwd_flops(c: models.Qwen3Config, before: np.ndarray, length: np.ndarray) -> float:
-    """Forward causal-attention FLOPs of `length` queries that follow `before` earlier tokens
-    (query j sees before + j keys; QK^T and AV, 2 FLOPs per multiply-add each); arrays sum."""
-    before, length = np.asarray(before, np.float64), np.asarray(length, np.float64)
-    pairs = length * before + length * (length + 1) / 2
-    return float(4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * pairs.sum())
+def commit() -> dict[str, Any]:
+    """The code's commit; on a lent machine (no .git) what accelerator_check.sh prepare
+    wrote here before the tree travelled."""
+    head, dirty = host.git_commit(REPO)
+    if head != "unknown" or "IBPO_GIT_COMMIT" not in os.environ:
+        return {"commit": head, "dirty": dirty, "source": "git"}
+    return {"commit": os.environ["IBPO_GIT_COMMIT"],
+            "dirty": os.environ.get("IBPO_GIT_DIRTY", "?") == "1",
+            "source": "IBPO_GIT_COMMIT (accelerator_check.sh prepare, before the tree travelled)"}
 
 
-FLOPS_NOTE = ("6N per trained token, 2N per forward-only token, N = matmul weights incl. the "
-              "unembedding; + causal attention 4*L*heads*head_dim per (query, visible key) "
-              "forward, x3 with backward; remat and padding not counted")
-
-
-
-def run_config(tiny: bool, extra: list[tuple[str, str]]) -> config_lib.RunConfig:
-    return config_lib.load(CONFIG, [*(TINY if tiny else FULL).rl_overrides, *extra])
-
-
-def model_of(cfg: config_lib.RunConfig, key: jax.Array) -> models.Qwen3LM:
-    """A random model as the preset builds it (no checkpoint): `policy.architecture`,
-    `policy.model_options`, the preset's compute dtype."""
-    arch = policy.architecture(cfg, TINY_VOCAB)
-    return models.init(arch, key, dtype=jnp.dtype(cfg.model.dtype), **policy.model_options(cfg))
-
-
-def section_peak(rep: Report, s: Shapes, budget: float) -> float:
-    """Measured bf16 matmul FLOP/s (the MFU denominator)."""
-    n, k = s.matmul
+def measure_matmul(n: int, chain: int, repeats: int) -> dict[str, float]:
+    """Best of `repeats` timed calls of `chain` dependent bf16 (n x n) @ (n x n) in one jit."""
     ka, kb = jax.random.split(jax.random.key(1))
     a = jax.random.normal(ka, (n, n), jnp.bfloat16)
     b = (jax.random.normal(kb, (n, n), jnp.float32) / math.sqrt(n)).astype(jnp.bfloat16)
-
-    @jax.jit
-    def chain(x, w):  # k dependent matmuls: nothing to hoist, one dispatch
-        return jax.lax.fori_loop(0, k, lambda _, y: y @ w, x)
-
-    _, t = timed(lambda: chain(a, b), budget, s.repeats)
-    rate = 2.0 * n**3 * k / t
-    rep.emit("peak_matmul_bf16", rate / 1e12, "TFLOP/s", shapes={"n": n, "chain": k},
-             seconds=t)
-    return rate
+    fn = jax.jit(lambda x, w: jax.lax.fori_loop(0, chain, lambda _, y: y @ w, x))
+    jax.block_until_ready(fn(a, b))
+    best = math.inf
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(a, b))
+        best = min(best, time.perf_counter() - t)
+    return {"n": n, "chain": chain, "seconds": best, "flops_per_s": 2.0 * n**3 * chain / best}
 
 
-def section_train(rep: Report, s: Shapes, budget: float, cfg, m: models.Qwen3LM,
-                  peak: float) -> None:
-    """LM train step (NLL of random tokens + the preset's optimizer), tokens/s and MFU."""
-    (c, o), (batch, seq) = (m.config, m.options), s.train
-    opt = make_optimizer(cfg.optim, total_updates=cfg.train.steps)
-    tokens = jax.random.randint(jax.random.key(2), (batch, seq), 0, c.vocab_size)
+def plan_figures(cfg: config_lib.RunConfig, chip: chips.Chip | None) -> dict[str, Any]:
+    """The plan's figures for this run's config, or why there are none (never a stub)."""
+    if chip is None:
+        return {"available": False, "reason": "plan unavailable: no chip to plan for"}
+    try:
+        from ibpo_jax import plan as plan_lib
 
-    def loss_fn(params, toks):  # [B, T] -> mean NLL of tokens 1..T-1
-        lp = models.token_logprobs(c, o, params, toks, logits_chunk=cfg.model.logits_chunk)
-        return -jnp.mean(lp.logprobs[:, 1:])
-
-    @functools.partial(jax.jit, donate_argnums=(0, 1))
-    def train_step(params, opt_state, toks):
-        loss, grads = jax.value_and_grad(loss_fn)(params, toks)
-        upd, opt_state = opt.update(grads, opt_state, params)
-        return jax.tree.map(jnp.add, params, upd), opt_state, loss
-
-    state = list(init_state(jax.tree.map(jnp.copy, m.params), opt)[:2])
-
-    def one():
-        state[0], state[1], loss = train_step(state[0], state[1], tokens)
-        return loss
-
-    compile_s, t = timed(one, budget, s.repeats)
-    n_tok = batch * seq
-    flops = 6.0 * matmul_params(c) * n_tok + 3 * attention_fwd_flops(
-        c, np.zeros(batch), np.full(batch, seq))
-    shapes = {"batch": batch, "seq_len": seq, "model": _model_shape(m),
-              "flops_per_step": flops, "flops_formula": FLOPS_NOTE}
-    rep.emit("train_tokens_per_s", n_tok / t, "tokens/s", shapes=shapes, step_s=t,
-             first_call_s=compile_s)
-    rep.emit("train_mfu", flops / t / peak, "fraction of measured bf16 peak", shapes=shapes,
-             peak_tflops=peak / 1e12)
+        out = plan_lib.plan_json(cfg, hardware=chip.name, devices=1)
+    except Exception as e:  # noqa: BLE001 - the plan is another module's work in progress
+        return {"available": False,
+                "reason": f"plan unavailable: {type(e).__name__}: {e}"[:400]}
+    return {"available": True, "hardware": chip.name, **out}
 
 
-def section_sampler(rep: Report, s: Shapes, budget: float, m: models.Qwen3LM) -> None:
-    """Generated tokens/s of `sampling.generate_fn`, every row running all its new tokens."""
-    c, (n_prompts, group, plen, new) = m.config, s.sample
-    fn = sampling.generate_fn(c, m.options, max_new_tokens=new, temperature=1.0,
-                              num_samples=group, eos_ids=())
-    prompts = jax.random.randint(jax.random.key(3), (n_prompts, plen), 0, c.vocab_size)
-    lens = jnp.full((n_prompts,), plen, jnp.int32)
-    out = {}
-
-    def one():
-        out["o"] = fn(m.params, prompts, lens, jax.random.key(4))
-        return out["o"].tokens
-
-    compile_s, t = timed(one, budget, s.repeats)
-    rows = n_prompts * group
-    if int(jnp.min(out["o"].lengths)) != new:
-        raise AssertionError("sampler: a row stopped before max_new_tokens without an EOS id")
-    shapes = {"rows": rows, "prompts": n_prompts, "samples_per_prompt": group,
-              "prompt_len": plen, "new_tokens": new, "model": _model_shape(m)}
-    rep.emit("sampler_tokens_per_s", rows * new / t, "generated tokens/s",
-             shapes=shapes, seconds=t, first_call_s=compile_s)
-
-
-def section_phi(rep: Report, s: Shapes, budget: float) -> None:
-    """Cells/s of φ over groups (compute_phi) and of the LCS pair kernel (lcs_first_error)."""
-    groups, g, lo, hi, pairs = s.phi
-    units, lengths, correct = group_units(np.random.default_rng(5), groups, g, lo, hi, 151_936)
-    phi = jax.jit(jax.vmap(functools.partial(comparison.compute_phi,
-                                             operator="lcs_first_error")))
-    args = [jax.device_put(x) for x in (units, lengths, correct)]
-    compile_s, t = timed(lambda: phi(*args).phi, budget / 2, s.repeats)
-    cells = float(np.sum(np.sum(lengths.astype(np.float64), axis=1) ** 2))  # Σ_b (Σ_i n_i)²
-    rep.emit("phi_cells_per_s", cells / t, "cells/s",
-             shapes={"groups": groups, "group_size": g, "units_per_response": [lo, hi],
-                     "cells": cells, "operator": "lcs_first_error", "cells_formula": "sum over "
-                     "the G*G pairs of each group of len_i*len_j (real units, not padding)"},
-             seconds=t, first_call_s=compile_s)
-    full = np.full((pairs,), hi, np.int32)
-    pair = jax.jit(jax.vmap(comparison.lcs_first_error))
-    args = [jax.device_put(x) for x in (units[0, :1].repeat(pairs, 0),
-                                        units[0, 1:2].repeat(pairs, 0), full, full)]
-    compile_s, t = timed(lambda: pair(*args)[0], budget / 2, s.repeats)
-    cells = float(pairs) * hi**2
-    rep.emit("lcs_pair_cells_per_s", cells / t, "cells/s", seconds=t, first_call_s=compile_s,
-             shapes={"pairs": pairs, "length": hi, "cells": cells})
-
-
-def synthetic_rollout(cfg, vocab: int, seed: int = 6) -> tuple[step.Rollout, np.ndarray]:
-    """A rollout with the config's shapes: left-padded prompts of random length, responses of
-    newline-delimited steps sharing a group stem up to a random cut, random lengths (EOS-ended
-    below the cap), about half correct. Returns it and prompt_len [N] (host)."""
-    rng = np.random.default_rng(seed)
-    b, g = cfg.rollout.prompts_per_step, cfg.rollout.group_size
-    p, r, n = cfg.rollout.max_prompt_len, cfg.rollout.max_new_tokens, b * g
-    plen = rng.integers(max(1, p // 2), p + 1, b).repeat(g).astype(np.int32)
-    prompt = np.where(np.arange(p) >= p - plen[:, None], rng.integers(0, vocab, (n, p)), 0)
-    units, rlen, correct = group_units(rng, b, g, max(1, r // 2), r, vocab)
-    units = units.reshape(n, r)
-    # A step ends at every token id = 0 mod 24 (~24 tokens per step): a function of the token,
-    # so rows that share a stem share its steps and a wrong row's φ is above 0, as in a real
-    # group.
-    response = np.where(units % 24 == 0, DELIM % vocab, units)
-    response = np.where(np.arange(r) < rlen.reshape(n, 1), response, 0)
-    correct = correct.reshape(n)
-    rollout = step.Rollout(
-        prompt=prompt.astype(np.int32), prompt_len=plen, response=response.astype(np.int32),
-        response_len=rlen.reshape(n), sample_logp=-rng.random((n, r)).astype(np.float32),
-        reward=np.where(correct, cfg.reward.correct, cfg.reward.wrong).astype(np.float32),
-        correct=correct, ended=rlen.reshape(n) < r)
-    return jax.device_put(rollout), plen
-
-
-def delimiter_mask(vocab: int) -> jax.Array:
-    """[vocab] bool: the step delimiter of `synthetic_rollout`'s responses."""
-    return jnp.zeros((vocab,), bool).at[DELIM % vocab].set(True)
-
-
-def rl_flops(cfg, c: models.Qwen3Config, plen: np.ndarray, rlen: np.ndarray) -> float:
-    """Model FLOPs of one step's update: a reference forward (β > 0), a π_old forward
-    (several updates per rollout), and per epoch a forward + backward over every row. Prompt
-    tokens count once per group in the "grouped" layout, once per row otherwise. Read from the
-    config, not the step's internals (which are being refactored)."""
-    heads = plen[::cfg.rollout.group_size] if cfg.optim.layout == "grouped" else plen
-    fwd_tokens = float(heads.sum() + rlen.sum())
-    fwd = 2.0 * matmul_params(c) * fwd_tokens + attention_fwd_flops(c, 0, heads) \
-        + attention_fwd_flops(c, plen, rlen)
-    single = cfg.optim.epochs * cfg.optim.minibatches == 1 and cfg.loss.name != "ppo"
-    frozen = (cfg.loss.beta > 0) + (not single)
-    return fwd * (frozen + 3 * cfg.optim.epochs)
-
-
-def rl_once(cfg, budget: float, repeats: int) -> dict:
-    """Builds and times one RL step (credit + update, jitted as the Trainer jits them) of
-    `cfg` on a synthetic rollout, on the first device."""
-    mesh = sharding.make_mesh(devices=jax.devices()[:1])
-    with jax.set_mesh(mesh):
-        m = models.init(policy.architecture(cfg, TINY_VOCAB), jax.random.key(cfg.seed),
-                        dtype=jnp.dtype(cfg.model.dtype), mesh=mesh,
-                        **policy.model_options(cfg))
-        spec = step.StepSpec.from_config(cfg, m.config, m.options)
-        updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
-        optimizer = make_optimizer(cfg.optim, total_updates=updates)
-        state = init_state(jax.tree.map(jnp.copy, m.params), optimizer)
-        # Every leaf on the mesh and kept there by the update, as the Trainer does: the
-        # compiled update accepts only the layouts it was compiled for.
-        shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
-                                 else NamedSharding(mesh, P()), state)
-        state = [jax.device_put(state, shardings)]
-        rollout, plen = synthetic_rollout(cfg, m.config.vocab_size)
-        is_delim = delimiter_mask(m.config.vocab_size)
-        plan = packing.place(packing.identity(plen, cfg.rollout.max_prompt_len,
-                                              cfg.rollout.group_size), jax.device_put)
-        credit_fn = jax.jit(functools.partial(step.credit, spec))
-        update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0,
-                            out_shardings=(shardings, None))
-        key, metrics = jax.random.key(7), {}
-        t0 = time.perf_counter()
-        cred = credit_fn(rollout, is_delim)[0]
-        update_fn = update_fn.lower(state[0], m.params, rollout, cred, key, plan).compile()
-        fits(update_fn, jax.devices()[0])  # fail before running out of memory on the device
-        prepare_s = time.perf_counter() - t0
-
-        def one():
-            cred, metrics["credit"] = credit_fn(rollout, is_delim)
-            state[0], metrics["update"] = update_fn(state[0], m.params, rollout, cred, key, plan)
-            return state[0]
-
-        first_s, t = timed(one, budget - prepare_s, repeats)
-    return dict(model=m, plen=plen, rlen=np.asarray(rollout.response_len),
-                compile_s=prepare_s + first_s, step_s=t,
-                phi_mean=float(metrics["credit"]["phi_mean"]))
-
-
-def fits(compiled: Any, device: jax.Device) -> None:
-    """Raises a RESOURCE_EXHAUSTED MemoryError when XLA's buffer assignment for `compiled`
-    needs more than the device has free (where the device reports its memory: GPU, TPU)."""
-    stats, mem = device.memory_stats() or {}, compiled.memory_analysis()
-    if "bytes_limit" not in stats or mem is None:
-        return
-    need = mem.temp_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-    free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
-    if need > free:
-        raise MemoryError(f"RESOURCE_EXHAUSTED (XLA's buffer assignment): the update needs "
-                          f"{need / 1e9:.1f} GB, the device has {free / 1e9:.1f} GB free")
-
-
-def _out_of_memory(e: Exception) -> bool:
-    text = str(e)
-    return "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
-
-
-def section_rl_step(rep: Report, s: Shapes, budget: float, cfg_for: Callable, peak: float
-                    ) -> None:
-    """One RL step of the preset; when the preset's response length runs out of device memory
-    (materialized attention scores of 8 rows x 8k tokens; `fits` predicts it from the compiled
-    update before running), halves it, at most twice."""
-    t0, cfg, oom = time.perf_counter(), cfg_for([]), []
-    for _ in range(3):
-        try:
-            r = rl_once(cfg, budget - (time.perf_counter() - t0), max(1, s.repeats // 2))
+def run_steps(trainer: lib.BenchTrainer, steps: int, deadline: float, out: dict,
+              write: Any) -> None:
+    """`steps` RL steps of the trainer, each one's phases, compiles and memory into out["steps"]
+    (the JSON rewritten after each, so a killed run leaves what it measured); stops early, and
+    says so, when another step would pass `deadline`."""
+    for s in range(1, steps + 1):
+        last = out["steps"][-1] if out["steps"] else None
+        # The last step's time less its compiles: what the next step should take.
+        if last and time.perf_counter() + last["wall_s"] - last["compiles_total"]["seconds"] \
+                > deadline:
+            out["errors"].append(f"--time-limit: stopped after {s - 1} of {steps} steps")
             break
-        except Exception as e:  # noqa: BLE001 - only running out of memory is retried
-            if not _out_of_memory(e) or time.perf_counter() - t0 > 0.75 * budget:
-                raise
-            oom.append(cfg.rollout.max_new_tokens)
-            cfg = cfg_for([("rollout.max_new_tokens", str(cfg.rollout.max_new_tokens // 2))])
+        trainer.last = {}
+        mark, t0 = trainer.counter.mark(), time.perf_counter()
+        metrics, _ = trainer.rl_step(s)
+        wall = time.perf_counter() - t0
+        last, score_s = trainer.last, trainer.last["score_s"]
+        phases = {"sample": metrics["time_rollout_s"], "reward": metrics["time_reward_s"],
+                  "phi": metrics["time_phi_s"], "score": score_s,
+                  "update": metrics["time_update_s"] - last["extra_s"]}
+        compiles = dict(last.get("compiles", {}))
+        total = trainer.counter.since(mark)
+        compiles["other"] = {"compiles": total["compiles"] - sum(
+            c["compiles"] for c in compiles.values()), "seconds": total["seconds"] - sum(
+            c["seconds"] for c in compiles.values())}
+        out["steps"].append({
+            "step": s, "phases_s": phases, "trainer_step_s": sum(
+                v for k, v in phases.items() if k != "score"), "wall_s": wall,
+            "compiles": compiles, "compiles_total": total, "mismatch": last["mismatch"],
+            "phi_mean": metrics.get("phi_mean"),
+            "trainer_logprob_mismatch": metrics.get("logprob_mismatch"),
+            "rlen": [int(x) for x in last["rlen"]], "plen": [int(x) for x in last["plen"]]})
+        write()
+
+
+def derive(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer,
+           chip: chips.Chip | None, measured_peak: float, stats: dict | None) -> None:
+    """The figures from the steps: medians over steps 2.. (step 1 compiles)."""
+    import numpy as np
+
+    steps = out["steps"]
+    steady = steps[1:] or steps
+    med = lambda f: statistics.median(f(s) for s in steady)  # noqa: E731
+    c = trainer.base.config
+    plen, rlen = np.array(steps[-1]["plen"]), np.array(steps[-1]["rlen"])
+    g = cfg.rollout.group_size
+    flops = {"generate": lib.generate_flops(c, plen, rlen, g),
+             "score": lib.forward_flops(cfg, c, plen, rlen),
+             "update": lib.update_flops(cfg, c, plen, rlen)}
+    flops["step"] = flops["generate"] + flops["update"]  # the trainer's step (no score)
+    phases = {p: med(lambda s, p=p: s["phases_s"][p]) for p in PHASES}
+    step_s = med(lambda s: s["trainer_step_s"])
+    spec = chip.bf16_flops if chip else None
+
+    def mfu(f: float, t: float) -> dict[str, float | None]:
+        return {"flops": f, "seconds": t, "of_spec_peak": f / t / spec if spec else None,
+                "of_measured_peak": f / t / measured_peak}
+
+    out["rl"] = {"steady_steps": [s["step"] for s in steady], "phases_s": phases,
+                 "trainer_step_s": step_s, "flops": flops, "flops_note": lib.FLOPS_NOTE,
+                 "mfu_step": mfu(flops["step"], step_s),
+                 "mfu_update": mfu(flops["update"], phases["update"]),
+                 "mfu_score": mfu(flops["score"], phases["score"]),
+                 "phi_mean": steps[-1]["phi_mean"]}
+    plan = out["plan"]
+    if plan.get("available"):  # the plan's step beside the measured one (same config)
+        out["rl"]["plan"] = {"flops_per_step": plan.get("flops_per_step"),
+                             "predicted_step_s": plan.get("predicted_step_s"),
+                             "measured_over_predicted_step_s":
+                                 step_s / plan["predicted_step_s"]
+                                 if plan.get("predicted_step_s") else None}
+    nbytes = lib.decode_bytes(c, jnp.dtype(cfg.model.dtype).itemsize, plen, rlen)
+    stored = lib.decode_bytes(c, jnp.dtype(cfg.model.param_dtype).itemsize, plen, rlen)
+    bw = nbytes["total_bytes"] / phases["sample"]
+    bw_stored = stored["total_bytes"] / phases["sample"]
+    out["sampler"] = {
+        "generated_tokens": int(rlen.sum()), "seconds": phases["sample"],
+        "tokens_per_s": float(rlen.sum()) / phases["sample"], **nbytes,
+        "achieved_bytes_per_s": bw,
+        "of_spec_bandwidth": bw / chip.hbm_bytes_per_s if chip else None,
+        "roofline_s": nbytes["total_bytes"] / chip.hbm_bytes_per_s if chip else None,
+        "if_weights_read_as_stored": {
+            "itemsize": jnp.dtype(cfg.model.param_dtype).itemsize,
+            "total_bytes": stored["total_bytes"], "achieved_bytes_per_s": bw_stored,
+            "of_spec_bandwidth": bw_stored / chip.hbm_bytes_per_s if chip else None},
+        "note": "seconds: the loop's time_rollout_s (prefill + decode + the tokens' copy to the "
+                "host); bytes: DESIGN §9, weights in the compute dtype (its bf16 sampling copy) "
+                "once per decode step + every row's filled KV cache (the prompt's counted per "
+                "row); the sampler is handed the f32 master weights, so if the compiled decode "
+                "reads them as stored each step, if_weights_read_as_stored is the traffic"}
+    first, later = steps[0], steps[1:]
+    out["compile"] = {
+        "first_step": first["compiles_total"],
+        "first_step_by_phase": first["compiles"],
+        "recompiles_after_step_1": sum(s["compiles_total"]["compiles"] for s in later),
+        "recompiled": sorted({n for s in later for n in s["compiles_total"]["compiled"]}),
+        "jit_cache_sizes": trainer.cache_sizes(),
+        "counted": "XLA compilations seen through jax.monitoring's "
+                   f"{lib.CompileCounter.COMPILE!r} events"}
+    if first["compiles_total"]["compiles"] == 0:
+        out["errors"].append("compile: no compilation events seen in step 1 (the event names "
+                             "of this jax version differ?): counts are not measurements")
+    mm = [s["mismatch"] for s in steps]
+    out["mismatch"] = {**mm[-1], "step": steps[-1]["step"],
+                       "max_abs_over_steps": max(m["max_abs"] for m in mm),
+                       # the update's own metric: mean |Δ| against its gradient pass
+                       "update_metric_mean_abs": steps[-1]["trainer_logprob_mismatch"],
+                       "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype}
+    if not stats or "peak_bytes_in_use" not in stats:
+        out["memory"] = {"available": False,
+                         "reason": f"{trainer.device.platform}: memory_stats() has no "
+                                   "peak_bytes_in_use"}
     else:
-        raise RuntimeError(f"rl_step: out of memory at max_new_tokens {oom}")
-    flops = rl_flops(cfg, r["model"].config, r["plen"], r["rlen"])
-    tokens, t = int(r["plen"].sum() + r["rlen"].sum()), r["step_s"]
-    shapes = {"config": CONFIG.split("/")[-1], "prompts": cfg.rollout.prompts_per_step,
-              "group_size": cfg.rollout.group_size, "rows": len(r["rlen"]),
-              "max_prompt_len": cfg.rollout.max_prompt_len,
-              "max_new_tokens": cfg.rollout.max_new_tokens, "max_units": cfg.ibpo.max_units,
-              "microbatches": cfg.optim.microbatches, "layout": cfg.optim.layout,
-              "out_of_memory_at_max_new_tokens": oom, "real_tokens": tokens,
-              "model": _model_shape(r["model"]), "flops_per_step": flops,
-              "flops_formula": FLOPS_NOTE + "; passes: reference fwd (beta > 0), old fwd (several "
-              "updates), fwd + bwd per epoch; grouped layout: prompt once per group"}
-    rep.emit("rl_step_seconds", t, "s", shapes=shapes, first_call_s=r["compile_s"],
-             phi_mean=r["phi_mean"])
-    rep.emit("rl_step_tokens_per_s", tokens / t, "rollout tokens/s (prompt + response rows)",
-             shapes=shapes)
-    rep.emit("rl_step_mfu", flops / t / peak, "fraction of measured bf16 peak", shapes=shapes,
-             peak_tflops=peak / 1e12)
+        planned = plan.get("peak_bytes_per_device") if plan.get("available") else None
+        peak = int(stats["peak_bytes_in_use"])
+        out["memory"] = {"available": True, "peak_bytes_in_use": peak,
+                         "bytes_limit": stats.get("bytes_limit"),
+                         "peak_after_phase": trainer.memory,
+                         "plan_peak_bytes_per_device": planned,
+                         "measured_over_plan": peak / planned if planned else None,
+                         "plan_programs": plan.get("programs") if planned else None,
+                         "note": "peak_after_phase is cumulative (the allocator's peak cannot "
+                                 "be reset): a phase shows its own peak only where it exceeds "
+                                 "the phases before it; sample runs first, then φ, score, "
+                                 "update"}
 
 
-def _model_shape(m: models.Qwen3LM) -> dict:
-    c, o = m.config, m.options
-    return {"layers": c.num_hidden_layers, "hidden": c.hidden_size, "mlp": c.intermediate_size,
-            "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
-            "head_dim": c.head_dim, "vocab": c.vocab_size, "matmul_params": matmul_params(c),
-            "params": c.num_params(), "dtype": o.dtype.name, "param_dtype": o.param_dtype.name,
-            "remat": o.remat, "scan_layers": o.scan_layers}
-
-
-# ------------------------------------------------------------------------------ main
-
-SECTIONS = ("peak", "train", "sampler", "phi", "rl_step")
-
-
-def run_sections(rep: Report, s: Shapes, names: list[str], cfg_for: Callable) -> None:
-    """Each section under its budget; later sections still run after one fails."""
-    peak, model, cfg = None, None, cfg_for([])
-    for name in names:
-        t0, budget = time.perf_counter(), float(s.budgets[name])
-        status, model = "ok", None if name == "rl_step" else model  # rl_step: free it first
-        try:
-            if name in ("train", "sampler"):
-                model = model or model_of(cfg, jax.random.key(0))
-            if name == "peak":
-                peak = section_peak(rep, s, budget)
-            elif name == "train":
-                section_train(rep, s, budget, cfg, model, peak)
-            elif name == "sampler":
-                section_sampler(rep, s, budget, model)
-            elif name == "phi":
-                section_phi(rep, s, budget)
-            else:
-                section_rl_step(rep, s, budget, cfg_for, peak)
-        except Exception as e:  # noqa: BLE001 - report the section and go on
-            status = f"{type(e).__name__}: {e}"[:500]
-        rep.emit(f"section_seconds_{name}", time.perf_counter() - t0, "s",
-                 budget_s=budget, status=status)
+def table(out: dict) -> str:
+    """The figures as a markdown table."""
+    m, chip = out["meta"], out["meta"]["chip"]
+    rows = [("device", f"{m['device_kind']} ({m['platform']}), jax {m['jax']}", ""),
+            ("chip spec", chip["name"] or "none", chip["source"]),
+            ("config", m["config"], m["shapes_note"])]
+    fmt = lambda x, spec=".3g": "n/a" if x is None else format(x, spec)  # noqa: E731
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.3g} %"  # noqa: E731
+    mat = out.get("matmul")
+    if mat:
+        rows.append(("bf16 matmul peak", f"{mat['flops_per_s'] / 1e12:.1f} TFLOP/s",
+                     f"{pct(mat['of_spec_peak'])} of spec"))
+    p = out["plan"]
+    rows.append(("plan", f"fits: {p.get('fits')}" if p["available"] else p["reason"],
+                 f"predicted step {fmt(p.get('predicted_step_s'))} s, "
+                 f"{fmt(p.get('flops_per_step'))} FLOPs" if p["available"] else ""))
+    rl = out.get("rl")
+    if rl:
+        ph = rl["phases_s"]
+        rows.append(("phases (s, median)", " / ".join(f"{ph[k]:.3g}" for k in PHASES),
+                     "sample / reward / φ / score / update"))
+        for key, label in (("mfu_step", "MFU, RL step"), ("mfu_update", "MFU, update")):
+            x = rl[key]
+            rows.append((label, f"{pct(x['of_spec_peak'])} of spec",
+                         f"{pct(x['of_measured_peak'])} of measured peak; "
+                         f"{x['flops']:.3g} FLOPs in {x['seconds']:.3g} s"))
+        s = out["sampler"]
+        rows.append(("sampler", f"{s['tokens_per_s']:.4g} tokens/s",
+                     f"{s['achieved_bytes_per_s'] / 1e9:.4g} GB/s = "
+                     f"{pct(s['of_spec_bandwidth'])} of spec bandwidth; roofline "
+                     f"{fmt(s['roofline_s'])} s vs {s['seconds']:.3g} s"))
+        mem = out["memory"]
+        rows.append(("peak HBM", f"{mem['peak_bytes_in_use'] / 2**30:.2f} GiB"
+                     if mem["available"] else mem["reason"],
+                     f"plan {fmt((mem.get('plan_peak_bytes_per_device') or 0) / 2**30 or None)}"
+                     " GiB" if mem["available"] else ""))
+        c = out["compile"]
+        rows.append(("compiles", f"step 1: {c['first_step']['compiles']} in "
+                     f"{c['first_step']['seconds']:.3g} s",
+                     f"recompiles after step 1: {c['recompiles_after_step_1']}"))
+        mm = out["mismatch"]
+        rows.append(("log-prob mismatch, sampler vs trainer",
+                     f"mean abs Δ {mm['mean_abs']:.3g}, max {mm['max_abs']:.3g}",
+                     f"exp(Δ) mean {mm['ratio_mean']:.4f}, [{mm['ratio_min']:.3f}, "
+                     f"{mm['ratio_max']:.3f}]"))
+    rows.append(("status", out["status"], "; ".join(out["errors"])))
+    return "\n".join(["| figure | value | against / note |", "|---|---|---|",
+                      *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tiny", action="store_true", help="CPU-sized shapes (the test)")
-    parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help=f"comma-separated subset of {','.join(SECTIONS)}")
-    parser.add_argument("--rl-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for the rl_step section (repeatable)")
-    parser.add_argument("--budget-scale", type=float, default=1.0,
-                        help="multiply every time budget (and the watchdog's) by this")
+    parser.add_argument("--tiny", action="store_true", help="CPU-sized model and shapes")
+    parser.add_argument("--chip", help="compute the ratios against this chip of "
+                        f"ibpo_jax/chips.py ({', '.join(chips.CHIPS)})")
+    parser.add_argument("--out", default="accelerator_check.json", help="the JSON's path")
+    parser.add_argument("--steps", type=int, default=3, help="RL steps (>= 3)")
+    parser.add_argument("--prompts", type=int, default=2,
+                        help="prompts per step (the preset's 128 are for 8 fsdp devices)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override (repeatable; recorded in the output)")
+    parser.add_argument("--time-limit", type=float, default=540.0,
+                        help="seconds: no step starts that would end past it")
     args = parser.parse_args(argv)
-    names = args.sections.split(",")
-    if bad := [n for n in names if n not in SECTIONS]:
-        parser.error(f"--sections: unknown {bad}; valid: {SECTIONS}")
-    if ("train" in names or "rl_step" in names) and "peak" not in names:
-        names.insert(0, "peak")  # MFU needs the measured peak
-    names.sort(key=SECTIONS.index)
-    if bad := [o for o in args.rl_override if "=" not in o]:
-        parser.error(f"--rl-override: expected KEY=VALUE, got {bad}")
-    extra = [tuple(o.split("=", 1)) for o in args.rl_override]
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
-    if not args.budget_scale > 0:
-        parser.error("--budget-scale must be > 0")
-    s = TINY if args.tiny else FULL
-    s = dataclasses.replace(s, budgets={k: v * args.budget_scale for k, v in s.budgets.items()})
-    cfg_for = functools.partial(lambda more: run_config(args.tiny, [*extra, *more]))
+    if args.steps < 3:
+        parser.error("--steps: at least 3 (recompiles show from step 2 on)")
+    if bad := [o for o in args.override if "=" not in o]:
+        parser.error(f"--override: expected KEY=VALUE, got {bad}")
+    if args.chip:
+        try:
+            chips.chip(args.chip)
+        except chips.UnknownChipError as e:
+            parser.error(f"--chip: {e}")
+    extra = [tuple(o.split("=", 1)) for o in args.override]
     try:
-        cfg_for([])
+        cfg = run_config(args.tiny, args.prompts, extra)
     except ValueError as e:  # config.ConfigError names the key
-        parser.error(f"--rl-override: {e}")
-    rep = Report(jax.devices()[0])
-    t0 = time.perf_counter()
-    watchdog = threading.Timer(TOTAL_BUDGET_S * args.budget_scale, _give_up, args=(rep, t0))
-    watchdog.daemon = True
-    watchdog.start()
-    with contextlib.redirect_stdout(sys.stderr):  # libraries' prints stay off the JSON stream
-        run_sections(rep, s, names, cfg_for)
-    watchdog.cancel()
-    rep.emit("total_seconds", time.perf_counter() - t0, "s", sections=names,
-             tiny=args.tiny, jax=jax.__version__, devices=len(jax.devices()))
-    return 0
+        parser.error(f"--override / --prompts: {e}")
+    preset = config_lib.load(f"{REPO}/{CONFIG}")
+    t_start = time.perf_counter()
+    deadline = t_start + args.time_limit
+    try:
+        hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    except RuntimeError:  # called in a process whose jax already started (the tests)
+        pass
+    device = jax.devices()[0]
+    chip, chip_source = resolve_chip(device.device_kind, args.chip)
+    shapes = {"prompts_per_step": cfg.rollout.prompts_per_step,
+              "preset_prompts_per_step": preset.rollout.prompts_per_step,
+              "group_size": cfg.rollout.group_size,
+              "rows": cfg.rollout.prompts_per_step * cfg.rollout.group_size,
+              "max_prompt_len": cfg.rollout.max_prompt_len,
+              "max_new_tokens": cfg.rollout.max_new_tokens,
+              "microbatches": cfg.optim.microbatches, "layout": cfg.update_layout,
+              "attention": getattr(cfg.model, "attention", None), "remat": cfg.model.remat,
+              "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype}
+    note = (f"prompts per step {cfg.rollout.prompts_per_step} of the preset's "
+            f"{preset.rollout.prompts_per_step} (one device)"
+            + ("; --tiny: a tiny model and shapes, NOT the preset's" if args.tiny else ""))
+    out: dict[str, Any] = {
+        "meta": {"jax": jax.__version__, "device_kind": device.device_kind,
+                 "platform": device.platform, "devices": len(jax.devices()),
+                 "cpu_model": host.cpu_model(), "git": commit(), "config": CONFIG,
+                 "overrides": [f"{k}={v}" for k, v in extra], "tiny": args.tiny,
+                 "shapes": shapes, "shapes_note": note, "steps_asked": args.steps,
+                 "chip": {"name": chip.name if chip else None, "source": chip_source,
+                          **({"bf16_flops": chip.bf16_flops, "hbm_bytes": chip.hbm_bytes,
+                              "hbm_bytes_per_s": chip.hbm_bytes_per_s} if chip else {})}},
+        "status": "running", "errors": [], "steps": []}
+    path = Path(args.out)
 
+    def write() -> None:
+        out["elapsed_s"] = time.perf_counter() - t_start
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=float) + "\n")
 
-def _give_up(rep: Report, t0: float) -> None:
-    """The watchdog: past the total budget, say so and end the process."""
-    rep.emit("total_seconds", time.perf_counter() - t0, "s", status="watchdog: stopped")
-    os._exit(3)
+    print(f"chip: {chip.name if chip else 'none'} ({chip_source}); {note}", file=sys.stderr)
+    mat = measure_matmul(*((256, 2) if args.tiny else (8192, 16)), repeats=3)
+    mat["of_spec_peak"] = mat["flops_per_s"] / chip.bf16_flops if chip else None
+    out["matmul"] = mat
+    out["plan"] = {"available": False, "reason": "plan unavailable: not reached"}
+    write()
+    trainer = None
+    try:
+        trainer = lib.BenchTrainer(cfg, lib.CompileCounter())
+        shapes["microbatches"] = trainer.spec.optim.microbatches  # as the trainer resolved it
+        run_steps(trainer, args.steps, deadline, out, write)
+        if len(out["steps"]) < args.steps:  # the figures of the steps that ran, flagged
+            out["errors"].append(f"only {len(out['steps'])} of {args.steps} steps ran" + (
+                ": the figures are step 1's, compiles included" if len(out["steps"]) == 1
+                else ""))
+        stats = trainer.device.memory_stats()  # before the plan's own compiles
+        # After the steps: the plan compiles every program of a step itself, which must not
+        # count as the steps' compiles nor delay them; skipped when that would pass the limit.
+        left, need = deadline - time.perf_counter(), out["steps"][0]["compiles_total"]["seconds"]
+        out["plan"] = plan_figures(cfg, chip) if left > need else {
+            "available": False, "reason": f"plan unavailable: skipped, {left:.0f} s left of "
+            f"--time-limit and step 1 compiled for {need:.0f} s"}
+        derive(out, cfg, trainer, chip, mat["flops_per_s"], stats)
+        out["status"] = "ok" if not out["errors"] else "incomplete"
+    except Exception as e:  # noqa: BLE001 - recorded, and the exit status says it failed
+        text = f"{type(e).__name__}: {e}"
+        oom = "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower()
+        out["status"] = "failed" + (": out of memory at the stated shapes (not shrunk)"
+                                    if oom else "")
+        out["errors"].append(text[:2000])
+        if not out["plan"]["available"] and deadline - time.perf_counter() > 60:
+            out["plan"] = plan_figures(cfg, chip)  # what the plan says of the failed shapes
+    finally:
+        if trainer is not None:
+            trainer.close()
+    write()
+    print(table(out))
+    print(f"wrote {path}", file=sys.stderr)
+    return 0 if out["status"] == "ok" else 1
 
 
 if __name__ == "__main__":
