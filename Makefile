@@ -1,33 +1,49 @@
 # Set-up is automatic: every target bootstraps .venv on first use.
+# ACCEL=cpu (default, what CI runs) | cuda12 (NVIDIA GPUs) | tpu (Cloud TPU VMs): docs/install.md.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CONFIG ?= configs/ibpo_gspo.py
 WORKDIR ?= workdirs/ibpo_gspo
 PYTEST_ARGS ?=
+ACCEL ?= cpu
 
-.PHONY: train test bench lint clean
+ifeq ($(filter $(ACCEL),cpu cuda12 tpu),)
+$(error ACCEL=$(ACCEL): expected cpu, cuda12 or tpu)
+endif
+# One stamp per accelerator: switching ACCEL installs its extra into the same venv.
+comma := ,
+STAMP := $(BIN)/.installed$(if $(filter-out cpu,$(ACCEL)),-$(ACCEL))
+EXTRAS := dev$(if $(filter-out cpu,$(ACCEL)),$(comma)$(ACCEL))
+# Where the parity tests' CPU torch comes from on an accelerator host (PyPI's Linux torch is a
+# CUDA build); the CPU default keeps the plain index, which CI's machines serve as CPU wheels.
+TORCH_INDEX ?= $(if $(filter-out cpu,$(ACCEL)),https://download.pytorch.org/whl/cpu)
 
-$(BIN)/.installed: setup.py
+.PHONY: install train test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# CPU torch (parity tests only); installed first so no CUDA build is ever pulled.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# CPU torch (parity tests only); installed first so no CUDA build is ever pulled, also
+	# with ACCEL=cuda12 (jax brings its own CUDA libraries; torch is no runtime dependency).
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
 	touch $@
 
-train: $(BIN)/.installed
+train: $(STAMP)
 	$(BIN)/python -m ibpo_jax.train --config=$(CONFIG) --workdir=$(WORKDIR)
 
-test: $(BIN)/.installed
+test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
-bench: $(BIN)/.installed
+bench: $(STAMP)
 	$(BIN)/python experiments/benchmarks/bench_lcs.py
 	$(BIN)/python experiments/benchmarks/bench_model.py
 	$(BIN)/python experiments/benchmarks/bench_rl_step.py
 
-lint: $(BIN)/.installed
+lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:

@@ -2,6 +2,11 @@
 
 from setuptools import find_packages, setup
 
+# jax 0.10.2 is the newest release for Python 3.11; 0.11 and later need Python >= 3.12, where
+# pip picks them. The accelerator extras are jax's own (docs/install.md); torch stays in "dev"
+# (HF parity tests), so an accelerator install never pulls a CUDA torch.
+JAX = "jax>=0.6,<0.13"
+
 setup(
     name="ibpo-jax",
     version="0.1.0",
@@ -11,7 +16,7 @@ setup(
     packages=find_packages(include=["ibpo_jax", "ibpo_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.6,<0.11",
+        JAX,
         "flax>=0.10,<0.13",
         "optax>=0.2.4,<0.3",
         "orbax-checkpoint>=0.11,<0.13",
@@ -29,6 +34,8 @@ setup(
         "matplotlib>=3.8,<4",  # the reproduction's plots and the Appendix A notebook
     ],
     extras_require={
+        "cuda12": [JAX.replace("jax", "jax[cuda12]", 1)],  # NVIDIA GPUs, CUDA 12 from pip
+        "tpu": [JAX.replace("jax", "jax[tpu]", 1)],  # Cloud TPU VMs (libtpu from PyPI)
         "dev": [
             "pytest>=8,<10",
             "pytest-xdist>=3.5,<4",

@@ -19,9 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ibpo_jax import cli, hostmem, models, sampling, sharding
 from ibpo_jax import config as config_lib
-from ibpo_jax import hostmem, models, sampling, sharding
-from ibpo_jax.trainer import evaluation, loop, policy, workdir
+from ibpo_jax.trainer import evaluation, loop, policy
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, make_optimizer
 
@@ -61,7 +61,7 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
                         benchmarks: list[tuple[str, str]]) -> dict[str, dict[str, float]]:
     """{benchmark: metrics}; benchmarks = [(task name, path)], [] = the config's eval task on
     its test split."""
-    sharding.initialize_distributed(cfg.train.distributed)
+    sharding.initialize_distributed(cfg.train.distributed)  # "auto": if launched as several
     mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
     tokenizer = loop.build_tokenizer(cfg)
     train_task, eval_task, _ = loop.train_and_eval_tasks(cfg, tokenizer)
@@ -87,7 +87,8 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
                 results[f"{name}/{split}"] = evaluation.evaluate(
                     generate, m.params, records=records, task=task, tokenizer=tokenizer,
                     pool=pool, samples=cfg.eval.samples, chunk=chunk,
-                    max_prompt_len=cfg.rollout.max_prompt_len)
+                    max_prompt_len=cfg.rollout.max_prompt_len, progress=cfg.train.progress,
+                    desc=f"{name}/{split}", leave=True)
         finally:
             pool.close()
     return results
@@ -104,7 +105,8 @@ def table(label: str, results: dict[str, dict[str, float]], samples: int) -> str
     return "\n".join([head, rule, avg, pas])
 
 
-def main(argv: list[str] | None = None) -> int:
+@cli.entry_point
+def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m ibpo_jax.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/ibpo_gspo.py")
@@ -114,24 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="", help="write the results as JSON here")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error (also: IBPO_DEBUG=1)")
-    args, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    hostmem.reuse_freed_memory()  # before jax starts its threads
-    try:
-        cfg = config_lib.load(args.config, config_lib.parse_overrides(rest))
-    except config_lib.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    args, rest = parser.parse_known_args(argv)
+    cfg = config_lib.load(args.config, config_lib.parse_overrides(rest))
+    hostmem.reuse_freed_memory()  # CPU runs only; before jax starts its threads
     benchmarks = [tuple(b.split("=", 1)) if "=" in b else (b, "") for b in args.benchmark]
-    try:
-        results = evaluate_benchmarks(cfg, args.checkpoint, benchmarks)
-    except workdir.user_errors() as e:  # one line naming the culprit
-        if workdir.debug_requested(args.debug):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(table(cfg.algo, results, cfg.eval.samples))
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=2))
+    results = evaluate_benchmarks(cfg, args.checkpoint, benchmarks)
+    if jax.process_index() == 0:
+        print(table(cfg.algo, results, cfg.eval.samples))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=2))
     return 0
 
 

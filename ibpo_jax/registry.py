@@ -27,6 +27,11 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+class UnknownSplitError(UnknownNameError, ValueError):
+    """A config named a split that the task does not have (also a ValueError, which the
+    tasks raised before)."""
+
+
 class Registry(Generic[T]):
     """A named mapping from string keys to implementations of one kind."""
 

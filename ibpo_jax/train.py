@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ibpo_jax import config
+from ibpo_jax import cli, config
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
@@ -31,38 +31,23 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
     return args, cfg
 
 
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args, cfg = parse(sys.argv[1:] if argv is None else argv)
-    except config.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    from ibpo_jax.trainer import workdir  # no jax: a busy workdir is refused in a second
+@cli.entry_point
+def main(argv: list[str]) -> int:
+    args, cfg = parse(argv)  # a config error: one line (cli), before jax starts
+    from ibpo_jax import hostmem, sharding
+    from ibpo_jax.trainer import workdir
 
-    try:
-        if not cfg.train.distributed:  # a probe; loop.run holds the lock for the run
-            workdir.RunLock(args.workdir).acquire().release()
-    except workdir.WorkdirInUse as e:
-        if workdir.debug_requested(args.debug):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    from ibpo_jax import hostmem
-
-    hostmem.reuse_freed_memory()  # before jax starts its threads
-    from ibpo_jax import sharding  # jax is imported only once the config is known good
+    if not sharding.distributed_requested(cfg.train.distributed):
+        # A probe: a busy workdir is refused in a second (loop.run holds the lock for the run;
+        # a multi-process run's lock is process 0's, known only once jax.distributed is up).
+        workdir.RunLock(args.workdir).acquire().release()
+    hostmem.reuse_freed_memory()  # CPU runs only; before jax starts its threads
     from ibpo_jax.trainer import loop
 
-    # Multi-host: the coordinator comes from the cluster environment.
+    # Multi-host: the coordinator comes from the cluster environment ("auto": when there is
+    # one; a single process needs no override).
     sharding.initialize_distributed(cfg.train.distributed)
-
-    try:
-        loop.run(cfg, workdir=args.workdir)
-    except workdir.user_errors() as e:  # one line naming the culprit
-        if workdir.debug_requested(args.debug):
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    loop.run(cfg, workdir=args.workdir)
     return 0
 
 

@@ -61,7 +61,8 @@ def test_default_preset_is_arith_tiny_and_paper_preset_has_paper_hyperparameters
     # Paper §4.1: lr 1e-6, β 0.01, G 8, λ 0.5, 400 steps.
     assert (p.optim.lr, p.loss.beta, p.rollout.group_size, p.ibpo.lam, p.train.steps) == (
         1e-6, 0.01, 8, 0.5, 400)
-    assert p.model.preset == "qwen3-32b" and p.train.distributed
+    # One device or a pod: "auto" starts jax.distributed only for a multi-process launch.
+    assert p.model.preset == "qwen3-32b" and p.train.distributed == "auto"
 
 
 def test_overrides_are_typed():
@@ -105,6 +106,11 @@ def test_overrides_are_typed():
                                                    r": expected bool"),
         ([("advantage.gae_lambda", "1.5")], r"config.advantage.gae_lambda=1.5: must be in"),
         ([("mesh.data", "0")], r"config.mesh.data=0: must be -1 or > 0"),
+        ([("mesh.tensor", "-2")], r"config.mesh.tensor=-2: must be -1 or > 0"),
+        ([("mesh.fsdp", "-1")], r"config.mesh.data=-1 and config.mesh.fsdp=-1: only one mesh "
+                                r"axis may be -1"),
+        ([("train.distributed", "yes")], r"config.train.distributed='yes': valid: auto, true, "
+                                         r"false"),
         ([("model.tiny.num_hidden_layers", "0")], r"config.model.tiny: .*num_hidden_layers"),
         ([("warm_start.warmup_steps", "900")], r"config.warm_start.warmup_steps=900: must be < "
                                                r"config.warm_start.steps=800"),
@@ -133,6 +139,20 @@ def test_round_trip_through_dict():
     old = c.to_dict()
     del old["diagnostics"], old["reward"]["sandbox"]
     assert config.from_dict(old) == c
+
+
+def test_distributed_is_auto_true_or_false_and_old_bools_still_load():
+    c = config.load("configs/ibpo_gspo.py:smoke")
+    assert c.train.distributed == "auto" and c.mesh == config.MeshConfig(data=-1)
+    for raw in ("true", "false", "auto"):
+        assert config.load("configs/ibpo_gspo.py:smoke",
+                           [("train.distributed", raw)]).train.distributed == raw
+    old = c.to_dict()  # a checkpoint's config from before "auto"
+    for flag, now in ((True, "true"), (False, "false")):
+        old["train"]["distributed"] = flag
+        assert config.from_dict(old).train.distributed == now
+    assert config.load("configs/ibpo_gspo.py:smoke", [("mesh.data", "1"), ("mesh.fsdp", "-1")]
+                       ).mesh == config.MeshConfig(data=1, fsdp=-1, tensor=1)
 
 
 def test_defaults_live_in_the_dataclasses():

@@ -2,11 +2,16 @@
 calling thread, whose large freed blocks glibc then keeps for reuse instead of unmapping them
 (what XLA:CPU's per-execution temporary buffer needs)."""
 
+import ast
+import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).parents[1]
 
 SCRIPT = """
 import ctypes, resource, sys
@@ -50,3 +55,65 @@ def test_refuses_once_the_backend_is_running():
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
                          capture_output=True, text=True).stdout
     assert "refused: hostmem.reuse_freed_memory() must run before" in out
+
+
+@pytest.mark.parametrize("platforms, plugins, expected", [
+    ("cpu", ["xla_cuda12"], True),  # JAX_PLATFORMS decides, whatever is installed
+    ("cuda", [], False),
+    ("cuda,cpu", [], False),  # the CPU only as a fallback: an accelerator run
+    ("tpu", [], False),
+    ("", [], True),  # unset: jax can only pick the CPU
+    ("", ["xla_cuda12"], False),  # unset with jax[cuda12] installed: jax picks the GPU
+    ("", ["libtpu"], False),
+])
+def test_cpu_backend_is_decided_from_the_environment(platforms, plugins, expected, monkeypatch):
+    from ibpo_jax import hostmem
+
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    monkeypatch.delenv("JAX_PLATFORM_NAME", raising=False)
+    monkeypatch.setattr(hostmem, "accelerator_plugins", lambda: plugins)
+    assert hostmem.cpu_backend_expected() is expected
+
+
+GPU_SCRIPT = """
+import sys
+from ibpo_jax import hostmem
+print(hostmem.accelerator_plugins())
+print(hostmem.reuse_freed_memory())
+print(sorted(m for m in sys.modules if m == "jax" or m.startswith("jax.")))
+"""
+
+
+def test_an_installed_accelerator_plugin_leaves_memory_and_jax_alone(tmp_path):
+    """jax[cuda12] installs a module under the jax_plugins namespace package: with
+    JAX_PLATFORMS unset, jax would start the GPU, so nothing is changed and jax is not even
+    imported (no backend started early, none of jax's private modules)."""
+    plugin = tmp_path / "jax_plugins" / "xla_fake_gpu"
+    plugin.mkdir(parents=True)
+    (plugin / "__init__.py").write_text("")
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_PLATFORM_NAME")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
+    out = subprocess.run([sys.executable, "-c", GPU_SCRIPT], check=True, timeout=120, env=env,
+                         capture_output=True, text=True, cwd=ROOT).stdout.splitlines()
+    assert out == ["['xla_fake_gpu']", "False", "[]"]
+
+
+def _private_jax_imports(tree: ast.AST, where: str | None = None):
+    """(enclosing function or None, module) of each import of jax._src in `tree`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _private_jax_imports(node, node.name)
+            continue
+        names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                 else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        yield from ((where, n) for n in names if n == "jax._src" or n.startswith("jax._src."))
+        yield from _private_jax_imports(node, where)
+
+
+def test_no_module_imports_jax_private_modules_outside_the_cpu_check():
+    """jax._src is read in one place, hostmem._backend_started, which only the CPU path
+    calls; every other module sticks to jax's public API."""
+    found = {(path.relative_to(ROOT).as_posix(), where, module)
+             for path in sorted((ROOT / "ibpo_jax").rglob("*.py"))
+             for where, module in _private_jax_imports(ast.parse(path.read_text()))}
+    assert found == {("ibpo_jax/hostmem.py", "_backend_started", "jax._src")}

@@ -100,10 +100,69 @@ def test_scanned_params_get_a_leading_unsharded_layer_axis():
 
 def test_make_mesh_sizes_and_errors():
     assert sharding.make_mesh(fsdp=-1, tensor=2).shape == {"data": 1, "fsdp": 4, "tensor": 2}
-    with pytest.raises(ValueError, match="8 devices"):
+    assert sharding.make_mesh(data=-1).shape == {"data": 8, "fsdp": 1, "tensor": 1}
+    with pytest.raises(sharding.MeshError, match="8 devices|there are 8"):
         sharding.make_mesh(data=3)
-    with pytest.raises(ValueError, match="one may be -1"):
+    with pytest.raises(ValueError, match="only one mesh axis may be -1"):
         sharding.make_mesh(data=-1, fsdp=-1)
+
+
+@pytest.mark.parametrize("sizes, devices, message", [
+    # The qwen3 presets' old mesh on one device: the keys, and the override that fixes it.
+    (dict(data=-1, fsdp=8, tensor=1), 1, "config.mesh.fsdp=8 x config.mesh.tensor=1 does not "
+     "divide 1 device(s); set config.mesh.fsdp=-1 and config.mesh.data=1"),
+    (dict(data=1, fsdp=3, tensor=-1), 8, "config.mesh.data=1 x config.mesh.fsdp=3 does not "
+     "divide 8 device(s); set config.mesh.fsdp=-1 and config.mesh.tensor=1"),
+    (dict(data=2, fsdp=2, tensor=2), 4, "config.mesh.data=2 x config.mesh.fsdp=2 x "
+     "config.mesh.tensor=2 = 8 device(s), but there are 4; set config.mesh.data=-1"),
+    (dict(data=0, fsdp=1, tensor=1), 8, "config.mesh.data=0: mesh sizes must be -1 or > 0"),
+])
+def test_a_mesh_that_does_not_fit_is_one_line_in_config_keys(sizes, devices, message):
+    with pytest.raises(sharding.MeshError) as e:
+        sharding.make_mesh(**sizes, devices=jax.devices()[:devices])
+    assert str(e.value) == message
+
+
+def test_a_fixed_mesh_fills_any_device_count():
+    """The fix the message proposes works for every device count (one -1 axis)."""
+    for n in (1, 2, 4, 8):
+        assert sharding.make_mesh(data=1, fsdp=-1, devices=jax.devices()[:n]).shape == {
+            "data": 1, "fsdp": n, "tensor": 1}
+
+
+_LAUNCH_VARS = ("JAX_NUM_PROCESSES", "JAX_COORDINATOR_ADDRESS", "SLURM_JOB_ID",
+                "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID",
+                "SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "TPU_PROCESS_ADDRESSES",
+                "TPU_WORKER_HOSTNAMES", "MEGASCALE_NUM_SLICES")
+_SLURM = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_PROCID": "0",
+          "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize("env, found", [
+    ({}, None),
+    ({"JAX_NUM_PROCESSES": "1", "JAX_COORDINATOR_ADDRESS": "h:1"}, None),
+    ({"JAX_NUM_PROCESSES": "4"}, "JAX_NUM_PROCESSES=4"),
+    ({"JAX_COORDINATOR_ADDRESS": "h:1234"}, "JAX_COORDINATOR_ADDRESS=h:1234"),
+    ({**_SLURM, "SLURM_NTASKS": "1"}, None),
+    ({**_SLURM, "SLURM_NTASKS": "8"}, "SLURM_NTASKS=8"),
+    ({**_SLURM, "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "1"}, None),  # a 1-task srun
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "8"}, None),  # the batch script, not an srun step
+    ({"OMPI_COMM_WORLD_SIZE": "1"}, None),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE=2"),
+    ({"TPU_WORKER_HOSTNAMES": "localhost"}, None),
+    ({"TPU_WORKER_HOSTNAMES": "w-0,w-1,w-2,w-3"}, "TPU_WORKER_HOSTNAMES (4 hosts)"),
+    ({"TPU_PROCESS_ADDRESSES": "a:1", "TPU_WORKER_HOSTNAMES": "w-0,w-1"}, None),  # first wins
+    ({"MEGASCALE_NUM_SLICES": "2"}, "MEGASCALE_NUM_SLICES=2"),
+])
+def test_multiprocess_launch_is_read_from_the_environment(env, found, monkeypatch):
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert sharding.multiprocess_launch() == found
+    assert sharding.distributed_requested("auto") == (found is not None)
+    assert sharding.distributed_requested("true") and sharding.distributed_requested(True)
+    assert not sharding.distributed_requested("false")
 
 
 def test_indivisible_dimension_names_the_parameter():
@@ -120,8 +179,11 @@ def test_constrain_is_a_no_op_without_a_mesh():
     assert sharding.constrain(x, P(sharding.BATCH, None)) is x
 
 
-def test_initialize_distributed_only_when_asked():
-    sharding.initialize_distributed(False)
+def test_initialize_distributed_only_when_asked(monkeypatch):
+    for var in _LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert not sharding.initialize_distributed(False)
+    assert not sharding.initialize_distributed("auto")  # one process: nothing to join
     assert not jax.distributed.is_initialized()
 
 
@@ -141,3 +203,20 @@ def test_local_rows_and_rows_array_round_trip_on_a_row_split():
     split = jax.device_put(np.zeros((8, 4)), jax.sharding.NamedSharding(mesh, P("data", "tensor")))
     with pytest.raises(ValueError, match="split beyond its rows"):
         sharding.local_rows(split)
+
+
+_AUTO_SCRIPT = '''
+import json
+import jax
+from ibpo_jax import sharding
+
+started = sharding.initialize_distributed("auto")  # JAX_NUM_PROCESSES=2 etc. from the launch
+print("RESULT " + json.dumps([started, jax.process_count(), sharding.multiprocess_launch()]))
+'''
+
+
+def test_auto_starts_jax_distributed_for_a_two_process_launch():
+    from tests.trainer.multiprocess import script_in_two_processes
+
+    assert script_in_two_processes(_AUTO_SCRIPT, timeout=180) == [
+        [True, 2, "JAX_NUM_PROCESSES=2"]] * 2

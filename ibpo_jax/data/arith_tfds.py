@@ -31,6 +31,7 @@ import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
 from ibpo_jax.data import arith
+from ibpo_jax.registry import UnknownSplitError
 
 SPLIT_SEEDS = {"test": 1, "validation": 2, "train": 3}
 
@@ -199,5 +200,5 @@ def load_split(config: ArithBuilderConfig, split: str, data_dir: str | None = No
     """One split ("train", "validation" or "test"), building the dataset on first use."""
     sources = build(config, data_dir).as_data_source()
     if split not in sources:
-        raise ValueError(f"arith has no split {split!r}; valid: {sorted(sources)}")
+        raise UnknownSplitError(f"arith has no split {split!r}; valid: {sorted(sources)}")
     return ArithSource(sources[split], split)

@@ -23,7 +23,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 
 from ibpo_jax.data import arith, formats
-from ibpo_jax.registry import TASKS
+from ibpo_jax.registry import TASKS, UnknownSplitError
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_STDIO_INSTRUCTION = (
@@ -61,7 +61,7 @@ class Task:
 
     def split(self, name: str) -> Sequence[dict]:
         if name not in self.splits:
-            raise ValueError(
+            raise UnknownSplitError(
                 f"task {self.name!r} has no split {name!r}; available: {sorted(self.splits)}")
         return self.splits[name]()
 
