@@ -27,6 +27,7 @@ import numpy as np
 
 from experiments import base_probe
 from ibpo_jax import comparison, config
+from ibpo_jax.host import cpu_model, git_commit
 from ibpo_jax.trainer import credit, loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,8 +100,9 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
         for k in range(batches):
             for name, c in count_batch(trainer, base_probe.sample_batch(trainer, k)).items():
                 total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
+    commit, dirty = git_commit(ROOT)  # the code and host that measured it
     return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
-            "counts": total}
+            "counts": total, "commit": commit, "dirty": dirty, "cpu": cpu_model()}
 
 
 def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_dir: Path,
@@ -149,7 +151,14 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
            f"signal is \"{best}\" at {rate(best):.1f} %, and an oracle choice of the peer "
            f"would reach {rate('lcs: oracle peer'):.1f} % (lcs) / "
            f"{rate('prefix: oracle peer'):.1f} % (prefix)")
-    lines += ["", f"**Measured:** {why}.", "", "![credit](credit.png)"]
+    from experiments import report  # (report does not import the probes)
+
+    lines += ["", f"**Measured:** {why}.", "",
+              f"Code (commit of each record): {report.code_versions({'credit': recs})}.", "",
+              f"Hosts: {report.hosts({'credit': recs})}.", "", "![credit](credit.png)", "",
+              f"*Share of the scored wrong responses whose first wrong step each signal finds, "
+              f"mean over {len(recs)} seed(s); error bars ±1 sd over the seeds. Solid bars: "
+              f"LCS alignment; hatched: prefix.*"]
     md, js, png = out_dir / "credit.md", out_dir / "credit.json", out_dir / "credit.png"
     md.write_text("\n".join(lines) + "\n")
     js.write_text(json.dumps({"verdict": short, "why": why, "seeds": len(recs)}) + "\n")
@@ -167,11 +176,15 @@ def _plot(recs: list[dict], names: list[str], path: Path) -> None:
     sds = [100 * (statistics.stdev(_rates(recs, n, 0)) if len(recs) > 1 else 0.0)
            for n in names]
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.barh(range(len(names)), means, xerr=sds,
-            color=[f"C{ALIGNMENTS.index(n.split(':')[0])}" for n in names])
+    prefix = [n.startswith("prefix") for n in names]  # hatched: readable in grey too
+    ax.barh(range(len(names)), means, xerr=sds, capsize=3, edgecolor="black",
+            color=["#E69F00" if p else "#0072B2" for p in prefix])
+    for bar, p in zip(ax.patches, prefix):
+        bar.set_hatch("//" if p else "")
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("finds the checker's first wrong step (%)")
+    ax.set_xlabel(f"finds the checker's first wrong step (%, mean ± 1 sd over {len(recs)} "
+                  "seeds)")
     ax.set_xlim(0, 100)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

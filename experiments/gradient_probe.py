@@ -31,6 +31,7 @@ import numpy as np
 from experiments import base_probe
 from experiments import items as items_lib
 from ibpo_jax import config
+from ibpo_jax.host import cpu_model, git_commit
 from ibpo_jax.trainer import loop, pg_variance, step
 
 ROOT = items_lib.ROOT
@@ -74,8 +75,9 @@ def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int 
                 got = {k: float(v) for k, v in jax.device_get({**metrics, **diag}).items()}
                 for name in KEYS:
                     values[label][name].append(got[name])
+    commit, dirty = git_commit(ROOT)  # the code and host that measured it
     return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
-            "values": values}
+            "values": values, "commit": commit, "dirty": dirty, "cpu": cpu_model()}
 
 
 def ensure(*, preset: str, extra: tuple, seeds: int, records_dir: Path, batches: int = BATCHES,
@@ -109,4 +111,8 @@ def section(recs: list[dict], *, command: str) -> list[str]:
              "| variant | " + " | ".join(KEYS) + " |", "|" + "---|" * (len(KEYS) + 1)]
     for label in labels:
         lines.append(f"| {label} | " + " | ".join(_cell(recs, label, k) for k in KEYS) + " |")
-    return lines
+    from experiments import report  # (report does not import the probes)
+
+    probes = {"gradient probe": recs}
+    return [*lines, "", f"Code (commit of each probe record): {report.code_versions(probes)}; "
+            f"hosts: {report.hosts(probes)}."]

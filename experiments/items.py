@@ -43,6 +43,28 @@ def run(label: str, algo: str, **overrides) -> Run:
 
 
 @dataclasses.dataclass(frozen=True)
+class Comparison:
+    """A contrast Σ coef · (seed mean of `metric` of run `label`) − ref the paper says is
+    above 0 (`expect` "higher") or below (`expect` "lower"). `metric` is a per-seed value of
+    report.summarize: "final" accuracy, "early" (accuracy at the last evaluation within the
+    paper's 150 / 400 of the steps), or a per-step metric's mean over the run."""
+
+    name: str
+    terms: tuple[tuple[float, str, str], ...]  # (coef, run label, metric)
+    expect: str = "higher"
+    ref: float = 0.0
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return tuple(label for _, label, _ in self.terms)
+
+
+def vs(a: str, b: str, *, metric: str = "final", expect: str = "higher") -> Comparison:
+    """Run a against run b."""
+    return Comparison(f"{a} vs {b}", ((1.0, a, metric), (-1.0, b, metric)), expect)
+
+
+@dataclasses.dataclass(frozen=True)
 class Item:
     """A table or figure of a paper, reproduced in miniature."""
 
@@ -54,6 +76,10 @@ class Item:
     min_seeds: int = 2
     needs: str = ""  # a config file or key the item needs; "" = available
     metrics: tuple[str, ...] = ()  # extra per-step keys to tabulate (mean over logged steps)
+    # The claim as comparisons the paper says go its way (experiments/stats.py tests each).
+    comparisons: tuple[Comparison, ...] = ()
+    some: bool = False  # the claim is "some comparison wins", not "every comparison does"
+    panels: tuple[tuple[str, ...], ...] = ()  # the plot's runs per panel (default: plots.py)
 
     def missing(self) -> str:
         """Why the item cannot run in this code, or ""."""
@@ -156,6 +182,20 @@ def _cancel(aggregation: str, transform: str) -> Run:
                                  "cancellation.log_drift": True})
 
 
+# `variants`: each IBPO variant, with GSPO of the same advantage normalization as its baseline.
+VARIANT_RUNS = (
+    GSPO, IBPO,
+    run("token credit", "ibpo_gspo", **{"ibpo.credit": "token"}),
+    run("no std division", "ibpo_gspo", **{"advantage.normalize_std": False}),
+    run("GSPO no std division", "gspo", **{"advantage.normalize_std": False}),
+    run("token credit, no std", "ibpo_gspo", **{"ibpo.credit": "token",
+                                                "advantage.normalize_std": False}),
+    run("token granularity", "ibpo_gspo", **{"ibpo.granularity": "token"}),
+    *(dataclasses.replace(r, max_seeds=2, why_fewer=COLLAPSE) for r in (
+        run(f"λ={LAM_NEAR_MAX}", "ibpo_gspo", **{"ibpo.lam": LAM_NEAR_MAX}),
+        run(f"λ={LAM_NEAR_MAX}, no std", "ibpo_gspo", **{
+            "ibpo.lam": LAM_NEAR_MAX, "advantage.normalize_std": False}))))
+
 ITEMS = {
     "table1": Item(
         "table1", "Table 1: methods at equal budget",
@@ -165,36 +205,50 @@ ITEMS = {
         {"GSPO": "32.1", "GRPO": "30.8", "PRM+GSPO": "34.6", "SCoRe+GRPO": "31.5",
          "IBPO-GSPO": "36.7 (best; with Appendix B's corrections)"},
         "IBPO-GSPO beats every baseline at equal budget", min_seeds=3,
-        needs="configs/prm_gspo.py", metrics=("budget_trajectories",)),
+        needs="configs/prm_gspo.py", metrics=("budget_trajectories",),
+        comparisons=tuple(vs("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO",
+                                                         "SCoRe+GRPO"))),
     "table2a": Item(
         "table2a", "Table 2a: the comparison operator",
         (GSPO, run("edit distance", "ibpo_gspo", **{"ibpo.operator": "edit_distance"}), IBPO),
         {"GSPO": "32.1 (terminal)", "edit distance": "33.8", "IBPO-GSPO": "36.7 (LCS + alignment)"},
-        "terminal < edit distance < LCS with alignment", min_seeds=3),
+        "terminal < edit distance < LCS with alignment", min_seeds=3,
+        comparisons=(vs("edit distance", "GSPO"), vs("IBPO-GSPO", "edit distance"),
+                     vs("IBPO-GSPO", "GSPO"))),
     "table2b": Item(
         "table2b", "Table 2b / Fig. 2: the shaping weight λ",
         (GSPO, *(_lam(lam) for lam in LAMBDAS)),
         dict(zip((f"λ={lam}" for lam in LAMBDAS), ("33.2", "35.4", "36.7 (best)", "35.9", "34.1",
                                                     "29.8"))) | {"GSPO": "32.1 (λ = 0)"},
-        "an inverted U: best at λ = 0.5, below GSPO at λ = 2", min_seeds=3),
+        "an inverted U: best at λ = 0.5, below GSPO at λ = 2", min_seeds=3,
+        comparisons=(vs(f"λ={DEFAULT_LAM}", "GSPO"),
+                     *(vs(f"λ={DEFAULT_LAM}", f"λ={lam}") for lam in LAMBDAS
+                       if lam != DEFAULT_LAM),
+                     vs("GSPO", "λ=2.0"))),
     "curves": Item(
         "curves", "C.2: training curves (mean reward and reward variance)", (GSPO, IBPO),
         {"GSPO": "lower mean reward, higher variance", "IBPO-GSPO": "higher mean, lower variance"},
         "IBPO's mean reward is higher and its reward variance lower over training",
-        metrics=("reward_mean", "reward_var")),
+        metrics=("reward_mean", "reward_var"),
+        comparisons=(vs("IBPO-GSPO", "GSPO", metric="reward_mean"),
+                     vs("IBPO-GSPO", "GSPO", metric="reward_var", expect="lower"))),
     # The same runs as C.2, read for §4.2's claim (evaluations every 50 of 200 steps: the
     # paper's 150 of 400 steps, 37.5 %, is reached here only at step 50).
     "speed": Item(
         "speed", "§4.2: steps to GSPO's final score", (GSPO, IBPO),
         {"GSPO": "400 steps", "IBPO-GSPO": "150 steps (38 % of GSPO's)"},
-        "IBPO reaches GSPO's final score in 150 of GSPO's 400 steps", min_seeds=3),
+        "IBPO reaches GSPO's final score in 150 of GSPO's 400 steps", min_seeds=3,
+        comparisons=(Comparison("IBPO-GSPO early vs GSPO final",
+                                ((1.0, "IBPO-GSPO", "early"), (-1.0, "GSPO", "final"))),)),
     "group_size": Item(
         "group_size", "C.3: group size G at equal trajectories per step",
         tuple(_group(f"{a} G={g}", base, g)
               for g in (4, 8, 16) for a, base in (("GSPO", GSPO), ("IBPO", IBPO))),
         {"GSPO G=4": "28.9", "IBPO G=4": "33.4", "GSPO G=8": "32.1", "IBPO G=8": "36.7",
          "GSPO G=16": "34.5", "IBPO G=16": "38.2"},
-        "IBPO beats GSPO at every G; both improve with G"),
+        "IBPO beats GSPO at every G; both improve with G",
+        comparisons=(*(vs(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)),
+                     vs("GSPO G=16", "GSPO G=4"), vs("IBPO G=16", "IBPO G=4"))),
     "sizes": Item(
         "sizes", "C.1: model size, GSPO -> IBPO (two tiny sizes)",
         (*(dataclasses.replace(run(f"{a} {HALF}", algo, **HALF_MODEL), by_task=HALF_WARM_START)
@@ -202,27 +256,38 @@ ITEMS = {
          GSPO, IBPO),
         {"IBPO-GSPO": "+3.8 / +4.6 / +5.3 over GSPO at 7B / 32B / 72B",
          f"IBPO {HALF}": "a smaller gain than at the default size"},
-        "IBPO's gain over GSPO grows with model size", min_seeds=3),  # the half size is cheap
+        "IBPO's gain over GSPO grows with model size", min_seeds=3,  # the half size is cheap
+        comparisons=(vs(f"IBPO {HALF}", f"GSPO {HALF}"), vs("IBPO-GSPO", "GSPO"),
+                     Comparison(f"gain at the default size vs gain at {HALF}", (
+                         (1.0, "IBPO-GSPO", "final"), (-1.0, "GSPO", "final"),
+                         (-1.0, f"IBPO {HALF}", "final"), (1.0, f"GSPO {HALF}", "final"))))),
     "optimizers": Item(
         "optimizers", "C.4: base optimizer, alone and + IBPO",
         (GRPO, run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
          run("IBPO-PPO", "ibpo_ppo")),
         {"GRPO": "30.8", "IBPO-GRPO": "35.1", "GSPO": "32.1", "IBPO-GSPO": "36.7", "PPO": "31.0",
          "IBPO-PPO": "35.8"},
-        "IBPO adds 4-5 points to every base optimizer", min_seeds=3),
+        "IBPO adds 4-5 points to every base optimizer", min_seeds=3,
+        comparisons=(vs("IBPO-GRPO", "GRPO"), vs("IBPO-GSPO", "GSPO"), vs("IBPO-PPO", "PPO"))),
     "appendix_a": Item(
         "appendix_a", "Appendix A: Cov(Y, φ) and policy-gradient variance", (IBPO,),
         {"IBPO-GSPO": "Cov(Y, φ) < 0 at every checkpoint; PG variance about -30 %"},
         "Cov(Y, φ) < 0 and PG variance about 30 % lower than GSPO's on the same batches",
         min_seeds=3, needs="diagnostics.grad_var_every",
-        metrics=("cov_y_phi", "pg_var_ratio", "lambda_max", "first_error_agreement")),
+        metrics=("cov_y_phi", "pg_var_ratio", "lambda_max", "first_error_agreement"),
+        comparisons=(Comparison("Cov(Y, φ) vs 0", ((1.0, "IBPO-GSPO", "cov_y_phi"),),
+                                expect="lower"),
+                     Comparison("PG-variance ratio IBPO / GSPO vs 1",
+                                ((1.0, "IBPO-GSPO", "pg_var_ratio"),), expect="lower",
+                                ref=1.0))),
     "appendix_b": Item(
         "appendix_b", "Appendix B: correction rollouts at equal budget",
         (run("IBPO-GSPO", "ibpo_gspo", **BUDGET),
          dataclasses.replace(IBPO_FULL, label="IBPO-GSPO + corrections")),
         {"IBPO-GSPO": "—", "IBPO-GSPO + corrections": "part of the paper's IBPO (x1.2 cost)"},
         "correction rollouts help at equal compute", needs="ibpo.correction_rollouts",
-        metrics=("budget_trajectories",)),
+        metrics=("budget_trajectories",),
+        comparisons=(vs("IBPO-GSPO + corrections", "IBPO-GSPO"),)),
     "cancellation": Item(
         "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
         tuple(_cancel(agg, tr) for agg in AGGREGATIONS
@@ -235,25 +300,24 @@ ITEMS = {
         "restoring exchangeability (min_replace, adv_orthogonal, a constant normalizer, "
         "symmetric clipping) improves final accuracy; M1 and M2 leave a residual",
         metrics=("cancellation_residual", "cancellation_residual_updates",
-                 "shared_logprob_drift", "shared_logprob_drift_whole", "entropy")),
+                 "shared_logprob_drift", "shared_logprob_drift_whole", "entropy"),
+        comparisons=tuple(vs(a, b) for a, b in CANCELLATION_FIXES),
+        panels=tuple(tuple(f"{agg} / {x}" for x in ("none", "min_replace", "adv_orthogonal",
+                                                    "clip-higher")
+                           if agg in CLIP_HIGHER_ON or x != "clip-higher")
+                     for agg in AGGREGATIONS)),
     "variants": Item(
         "variants", "Which IBPO variant moves the gradient's direction",
-        (GSPO, IBPO,
-         run("token credit", "ibpo_gspo", **{"ibpo.credit": "token"}),
-         run("no std division", "ibpo_gspo", **{"advantage.normalize_std": False}),
-         run("GSPO no std division", "gspo", **{"advantage.normalize_std": False}),
-         run("token credit, no std", "ibpo_gspo", **{"ibpo.credit": "token",
-                                                     "advantage.normalize_std": False}),
-         run("token granularity", "ibpo_gspo", **{"ibpo.granularity": "token"}),
-         *(dataclasses.replace(r, max_seeds=2, why_fewer=COLLAPSE) for r in (
-             run(f"λ={LAM_NEAR_MAX}", "ibpo_gspo", **{"ibpo.lam": LAM_NEAR_MAX}),
-             run(f"λ={LAM_NEAR_MAX}, no std", "ibpo_gspo", **{
-                 "ibpo.lam": LAM_NEAR_MAX, "advantage.normalize_std": False})))),
+        VARIANT_RUNS,
         {"IBPO-GSPO": "the paper's form"},
         "some IBPO variant gives an edge over its base optimizer", min_seeds=3,
         metrics=("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
                  "adv_mass_before_error", "grad_share_before_error",
-                 "grad_share_before_error_gspo")),
+                 "grad_share_before_error_gspo"),
+        # Each IBPO variant against GSPO with the same advantage normalization.
+        comparisons=tuple(vs(r.label, "GSPO no std division" if "no std" in r.label else "GSPO")
+                          for r in VARIANT_RUNS if r.algo != "gspo"),
+        some=True),
     # A probe of the base policy, no training (experiments/credit_probe.py).
     "credit": Item(
         "credit", "Credit: which signal finds the checker's first wrong step", (),

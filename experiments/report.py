@@ -1,29 +1,29 @@
-"""Tables, plots and verdicts of the reproduction, from committed run records only.
+"""Tables, verdicts and provenance of the reproduction, from committed run records only.
 
 A record (experiments/reproduce.py) holds a run's config and its per-step rows. For each item
-this writes <out>/<task>/<item>.md (mean ± sd over seeds, the paper's number beside ours, a
-verdict in words), <item>.png (held-out accuracy over steps with a ±1 sd band over seeds, and
-the item's own per-step metrics) and <item>.json (the verdict, for the summary table).
+this writes <out>/<task>/<item>.md (mean ± sd over seeds, the paper's number beside ours, each
+of the claim's comparisons with its interval and p-values, a verdict from their counts, the
+code and hosts that made the records), <item>.png (experiments/plots.py) and <item>.json (the
+verdict and its counts, for the summary table).
 
-"Higher" / "lower" below means the difference of the seed means exceeds twice its standard
-error, sqrt(sd_a²/n_a + sd_b²/n_b); otherwise "level". With 2-3 seeds that is a coarse test: a
-"level" says the seeds cannot tell the two apart, not that they are equal. An "every pair"
-claim needs each of its pairs to win, which a loose per-pair test cannot make easier; a "some
-cell wins" claim (`variants`, 7 cells) would be won by chance far too often, so its win also
-needs Welch's t-test at p < 0.05 after Holm's correction over the cells.
+The rule (experiments/stats.py; stated in experiments/results/README.md): each comparison of
+`Item.comparisons` is a Welch test of a contrast of seed means; it goes "higher" / "lower"
+only at Holm-adjusted p < 0.05 within its item, else it is "level", shown with the smallest
+effect the seed counts detect at 80 % power. An item's verdict counts its comparisons (k go
+the paper's way, m against, the rest level) and maps the counts to a word (`verdict_word`).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import statistics
 from pathlib import Path
 
-import numpy as np
-
 from experiments import items as items_lib
+from experiments import plots, stats
 
 
 def load(records_dir: Path, r: items_lib.Run, seeds: int) -> list[dict]:
@@ -39,65 +39,24 @@ def _evals(rec: dict) -> list[tuple[int, float]]:
     return [(row["step"], row["eval_accuracy"]) for row in rec["rows"] if "eval_accuracy" in row]
 
 
-def _mean_sd(xs: list[float]) -> tuple[float, float]:
-    if not xs:
-        return math.nan, math.nan
-    return statistics.mean(xs), statistics.stdev(xs) if len(xs) > 1 else math.nan
-
-
 def fmt(xs: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    m, sd = _mean_sd(xs)
+    m, sd = stats.mean_sd(xs)
     if m != m:
         return "—"
     return f"{m * scale:.{digits}f}" + ("" if sd != sd else f" ± {sd * scale:.{digits}f}")
 
 
-def compare(a: list[float], b: list[float]) -> str:
-    """'higher' / 'lower' / 'level' of a against b (see the module docstring)."""
-    if not a or not b:
-        return "n/a (no record)"
-    if len(a) < 2 or len(b) < 2:
-        return "n/a (1 seed)"
-    (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
-    se = math.sqrt(sa**2 / len(a) + sb**2 / len(b))
-    return "higher" if ma - mb > 2 * se else "lower" if mb - ma > 2 * se else "level"
-
-
-def welch_p(a: list[float], b: list[float]) -> float:
-    """Two-sided p-value of Welch's t-test that a and b have the same mean (nan with fewer
-    than 2 seeds on a side; 0 or 1 when neither side varies)."""
-    if len(a) < 2 or len(b) < 2:
-        return math.nan
-    (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
-    va, vb = sa**2 / len(a), sb**2 / len(b)
-    if va + vb == 0:
-        return float(ma == mb)
-    from scipy import stats  # a dependency of jax
-
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return float(2 * stats.t.sf(abs(ma - mb) / math.sqrt(va + vb), df))
-
-
-def holm(ps: list[float], m: int) -> list[float]:
-    """Holm-adjusted p-values of `ps` (in their order) in a family of m ≥ len(ps) hypotheses.
-    The m - len(ps) not tested yet count as the largest p-values: a hypothesis rejected so is
-    rejected however they fall, so a win can be settled before its family is complete."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    out, running = [1.0] * len(ps), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        out[i] = running
-    return out
-
-
 def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
     """Per-seed values of a run: base, final, gain, and each metric's mean over logged steps."""
-    out = {"base": [], "final": [], "gain": [], "time_min": []}
+    out = {"base": [], "final": [], "gain": [], "time_min": [], "early": [], "early_step": []}
     for rec in recs:
         ev = _evals(rec)
         out["base"].append(ev[0][1])
         out["final"].append(ev[-1][1])
         out["gain"].append(ev[-1][1] - ev[0][1])
+        step, acc = early(ev)
+        out["early"].append(acc)
+        out["early_step"].append(step)
         if any("time_total_s" in row for row in rec["rows"]):
             out["time_min"].append(run_minutes(rec["rows"]))
     for k in metrics:
@@ -106,6 +65,16 @@ def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
         out[k] = [pick(v) for rec in recs
                   if (v := [row[k] for row in rec["rows"] if k in row and row["step"] > 0])]
     return out
+
+
+EARLY = 150 / 400  # §4.2: IBPO reaches GSPO's final in 150 of GSPO's 400 steps
+
+
+def early(ev: list[tuple[int, float]]) -> tuple[int, float]:
+    """(step, accuracy) of the last evaluation within EARLY of the run's steps (the first
+    after step 0 when none is: evaluations every 50 of 200 steps put it at step 50, 25 %)."""
+    within = [(t, a) for t, a in ev if 0 < t <= EARLY * ev[-1][0]]
+    return within[-1] if within else next(((t, a) for t, a in ev if t > 0), ev[-1])
 
 
 def run_minutes(rows: list[dict]) -> float:
@@ -131,97 +100,154 @@ def steps_to(recs: list[dict], threshold: float) -> str:
     return "not reached"
 
 
-def _unjudged(finals: dict, why: str) -> tuple[str, str]:
-    """The verdict of an item whose compared runs are not all recorded yet."""
-    return "incomplete" if finals else "not run", why
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    """One comparison of an item: its test, Holm-adjusted p and result ("higher", "lower",
+    "level", or "n/a: why" while a side has fewer than 2 seeds)."""
+
+    comparison: items_lib.Comparison
+    test: stats.Test
+    adjusted_p: float
+    result: str
+
+    @property
+    def way(self) -> str:
+        """"for" (the paper's way), "against", "level" or "open"."""
+        if self.result.startswith("n/a"):
+            return "open"
+        if self.result == "level":
+            return "level"
+        return "for" if self.result == self.comparison.expect else "against"
+
+
+def _values(s: dict[str, dict], label: str, metric: str) -> list[float]:
+    return s.get(label, {}).get(metric, [])
+
+
+def _scale(c: items_lib.Comparison) -> tuple[float, str]:
+    """Accuracies compare in percentage points; other metrics in their own units."""
+    accuracy = all(m in ("final", "early") for _, _, m in c.terms)
+    return (100.0, " pts") if accuracy else (1.0, "")
+
+
+def judge(item: items_lib.Item, s: dict[str, dict]) -> list[Judged]:
+    """Every comparison of the item, Holm-adjusted within the item (a comparison not
+    testable yet counts as one of the family's largest p-values: `stats.holm`)."""
+    tests, result = [], {}
+    for c in item.comparisons:
+        sides = [_values(s, label, m) for _, label, m in c.terms]
+        tests.append(stats.contrast(terms=[(k, x) for (k, _, _), x in zip(c.terms, sides)],
+                                    ref=c.ref))
+        if any(not x for x in sides):
+            result[c.name] = "n/a (no record)"
+        elif any(len(x) < 2 for x in sides):
+            result[c.name] = "n/a (1 seed)"
+    tested = [i for i, c in enumerate(item.comparisons) if c.name not in result]
+    adjusted = dict(zip(tested, stats.holm([tests[i].p for i in tested],
+                                           len(item.comparisons))))
+    out = []
+    for i, c in enumerate(item.comparisons):
+        q = adjusted.get(i, math.nan)
+        r = result.get(c.name) or stats.direction(test=tests[i], adjusted_p=q)
+        out.append(Judged(c, tests[i], q, r))
+    return out
+
+
+def counts(judged: list[Judged]) -> dict[str, int]:
+    """How many comparisons go the paper's way ("for"), against it, level, not yet judged."""
+    n = collections.Counter(j.way for j in judged)
+    return {"n": len(judged), **{k: n[k] for k in ("for", "against", "level", "open")}}
+
+
+def verdict_word(c: dict[str, int], *, some: bool = False) -> str:
+    """The item's word, a function of its counts only (k for, m against, of n):
+    "every comparison" claims: holds (k = n), partly (0 < k < n), does not hold (k = 0 < m),
+    not shown (k = m = 0: every comparison level). "Some comparison" claims (`some`): holds
+    (k ≥ 1), else does not hold (m ≥ 1) or not shown. While comparisons are open (a run
+    without 2 seeds): incomplete, unless the open ones cannot change the word (every-claim:
+    k ≥ 1 and m ≥ 1 is partly whatever they give; some-claim: k ≥ 1 holds) — adjusted p only
+    fall as the family fills (`stats.holm`), so a "for" or "against" stays."""
+    k, m, n, open_ = c["for"], c["against"], c["n"], c["open"]
+    if some:
+        if k:
+            return "holds"
+        return "incomplete" if open_ else "does not hold" if m else "not shown"
+    if open_:
+        return "partly" if k and m else "incomplete"
+    return "holds" if k == n else "partly" if k else "does not hold" if m else "not shown"
+
+
+def tally(c: dict[str, int]) -> str:
+    """"k of n go the paper's way, m against, rest level" (+ open ones)."""
+    text = f"{c['for']} of {c['n']} go the paper's way, {c['against']} against, " + (
+        f"{c['level']} level" if c["open"] else "rest level")
+    return text + (f", {c['open']} not judged yet" if c["open"] else "")
+
+
+def short_result(j: Judged) -> str:
+    """One comparison in a sentence."""
+    if j.way == "open":
+        return f"{j.comparison.name}: {j.result}"
+    scale, unit = _scale(j.comparison)
+    t = j.test
+    text = (f"{j.comparison.name}: {scale * t.diff:+.{_digits(scale)}f}{unit} "
+            f"[{scale * t.low:+.{_digits(scale)}f}, {scale * t.high:+.{_digits(scale)}f}], "
+            f"Holm p {_p(j.adjusted_p)}: {j.result}")
+    if j.way == "level":
+        return text + f" (detectable: ±{scale * t.mde:.{_digits(scale)}f}{unit})"
+    return text + (" (the paper's way)" if j.way == "for" else " (against the paper)")
+
+
+def _digits(scale: float) -> int:
+    return 1 if scale == 100 else 4
+
+
+def _p(p: float) -> str:
+    return "—" if p != p else f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
 def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
-    """(short verdict, explanation) of the item's claim from the per-label summaries."""
-    f = {label: v["final"] for label, v in s.items() if v["final"]}
-    c = lambda a, b: compare(f.get(a, []), f.get(b, []))  # noqa: E731
-    if item.name == "appendix_a":
-        if "IBPO-GSPO" not in f:
-            return "not run", "no IBPO-GSPO records"
-        cov = s["IBPO-GSPO"].get("cov_y_phi", [])
-        ratio = s["IBPO-GSPO"].get("pg_var_ratio", [])
-        i_ok = bool(cov) and max(cov) < 0
-        ii_ok = bool(ratio) and statistics.mean(ratio) <= 0.8
-        return ("holds" if i_ok and ii_ok else "partly" if i_ok or ii_ok else "does not hold",
-                f"mean Cov(Y, φ) per seed {fmt(cov, digits=4)} (claim i: < 0); PG-variance ratio "
-                f"IBPO / GSPO {fmt(ratio, digits=3)} (claim ii: about 0.70)")
-    if item.name == "curves":
-        if not {"IBPO-GSPO", "GSPO"} <= f.keys():
-            return _unjudged(f, "needs both GSPO and IBPO-GSPO records")
-        m = compare(s["IBPO-GSPO"]["reward_mean"], s["GSPO"]["reward_mean"])
-        v = compare(s["IBPO-GSPO"]["reward_var"], s["GSPO"]["reward_var"])
-        ok = m == "higher" and v == "lower"
-        short = "undetermined" if m.startswith("n/a") else "holds" if ok else "does not hold"
-        return short, (f"against GSPO's, IBPO's mean training reward is {m} and its reward "
-                       f"variance {v}")
-    if item.name == "speed":
-        if not {"IBPO-GSPO", "GSPO"} <= f.keys():
-            return _unjudged(f, "needs both GSPO and IBPO-GSPO records")
-        reached, total = s["IBPO-GSPO"]["steps_to"], s["GSPO"]["last_step"]
-        target = f"GSPO's final, {100 * statistics.mean(f['GSPO']):.1f} %"
-        if reached == "not reached":
-            return "does not hold", (f"IBPO-GSPO's seed mean never reaches {target}, in "
-                                     f"its {total} steps")
-        share = int(reached) / total
-        return ("holds" if share <= 150 / 400 else "does not hold",
-                f"IBPO-GSPO's seed mean reaches {target}, at step {reached} of {total} "
-                f"({share:.0%}; the paper: 150 of 400, 38 %)")
-    if item.name == "sizes":  # the half size first, then the default (the larger)
-        half = (f"GSPO {items_lib.HALF}", f"IBPO {items_lib.HALF}")
-        if not {"GSPO", "IBPO-GSPO", *half} <= f.keys():
-            return _unjudged(f, "needs GSPO and IBPO-GSPO records at both sizes")
-        gain = lambda a, b: statistics.mean(f[a]) - statistics.mean(f[b])  # noqa: E731
-        g_small, g_large = gain(half[1], half[0]), gain("IBPO-GSPO", "GSPO")
-        r_small, r_large = c(half[1], half[0]), c("IBPO-GSPO", "GSPO")
-        ok = r_large == "higher" and g_large > g_small
-        return ("holds" if ok else "partly" if "higher" in (r_small, r_large)
-                else "does not hold",
-                f"IBPO - GSPO: {100 * g_small:+.1f} pts at {items_lib.HALF} ({r_small}), "
-                f"{100 * g_large:+.1f} at the default size ({r_large})")
-    pairs = {  # (challenger, baseline) pairs whose direction the paper claims
-        "table1": [("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO", "SCoRe+GRPO")],
-        "table2a": [("edit distance", "GSPO"), ("IBPO-GSPO", "edit distance")],
-        "table2b": [("λ=0.5", "GSPO"), ("λ=0.5", "λ=0.1"), ("λ=0.5", "λ=2.0"),
-                    ("GSPO", "λ=2.0")],
-        "group_size": [*((f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)),
-                       ("GSPO G=16", "GSPO G=4"), ("IBPO G=16", "IBPO G=4")],  # improve with G
-        "optimizers": [("IBPO-GRPO", "GRPO"), ("IBPO-GSPO", "GSPO"), ("IBPO-PPO", "PPO")],
-        "appendix_b": [("IBPO-GSPO + corrections", "IBPO-GSPO")],
-        "cancellation": items_lib.CANCELLATION_FIXES,
-        # Each IBPO variant against GSPO with the same advantage normalization.
-        "variants": [(label, "GSPO no std division" if "no std" in label else "GSPO")
-                     for label in (r.label for r in item.runs) if not label.startswith("GSPO")],
-    }.get(item.name, [])
-    if not pairs:
+    """(short verdict, explanation) of the item's claim from the per-label summaries: the
+    word of `verdict_word` with its counts, and each comparison in a sentence."""
+    if not item.comparisons:
         return "see table", "descriptive item: read the table and plots"
-    res = [(a, b, c(a, b)) for a, b in pairs if a in f and b in f]
-    text = "; ".join(f"{a} vs {b}: {r}" for a, b, r in res)
-    if not res:
-        return _unjudged(f, "no pair the claim compares has records on both sides yet"
-                         if f else "no records")
-    if all(r.startswith("n/a") for *_, r in res):
-        return "undetermined", text + " (one seed cannot say)"
-    judged = [r for *_, r in res if not r.startswith("n/a")]
-    wins = judged.count("higher")
-    open_pairs = len(pairs) - len(judged)  # unrecorded, or one seed on a side
-    if item.name == "variants":  # "some variant": a win settles it, a non-win needs every cell
-        return _some_cell_wins(res, f, len(pairs))
+    if not any(v.get("final") for v in s.values()):
+        return "not run", "no records"
+    judged = judge(item, s)
+    c = counts(judged)
+    if c["open"] == c["n"]:
+        return "incomplete", "no comparison of the claim has 2 seeds on every side yet: " \
+            + "; ".join(short_result(j) for j in judged)
+    word = verdict_word(c, some=item.some)
+    why = f"{tally(c)}: " + "; ".join(short_result(j) for j in judged)
+    if extra := _descriptive(item, s):
+        why += f". {extra}"
+    return f"{word} ({c['for']}/{c['n']} for, {c['against']} against)", why
+
+
+def _descriptive(item: items_lib.Item, s: dict[str, dict]) -> str:
+    """What an item reads beside its comparisons (not part of the verdict's counts)."""
+    if item.name == "speed" and {"IBPO-GSPO", "GSPO"} <= s.keys() and s["GSPO"]["final"]:
+        reached, total = s["IBPO-GSPO"].get("steps_to"), s["GSPO"].get("last_step")
+        steps = sorted(set(s["IBPO-GSPO"]["early_step"]))
+        return (f"\"early\" is the accuracy at step {'/'.join(map(str, steps))} of {total} "
+                f"(the last evaluation within the paper's 150 of 400 steps); IBPO-GSPO's seed "
+                f"mean {'never reaches' if reached == 'not reached' else 'reaches'} GSPO's "
+                f"final ({100 * statistics.mean(s['GSPO']['final']):.1f} %)"
+                + ("" if reached == "not reached" else f" at step {reached}"))
+    if item.name == "appendix_a" and "IBPO-GSPO" in s:
+        ratio = s["IBPO-GSPO"].get("pg_var_ratio", [])
+        return (f"The paper's PG-variance ratio is about 0.70; here {fmt(ratio, digits=3)} "
+                f"(claim i asks Cov(Y, φ) < 0 at every checkpoint; the comparison tests the "
+                f"seeds' means over their checkpoints)") if ratio else ""
     if item.name == "cancellation":
-        text = f"final accuracy, each fix against what it fixes: {text}; {_mechanisms(s)}"
-    # "Every pair": settled once every pair is judged, or by a win beside a non-win (partly);
-    # until then the pairs judged so far cannot say how the others will fall.
-    if open_pairs and not 0 < wins < len(judged):
-        return "incomplete", text + f" ({open_pairs} of {len(pairs)} pairs not judged yet)"
-    return ("holds" if wins == len(pairs) else "partly" if wins else "does not hold", text)
+        return _mechanisms(s)
+    return ""
 
 
 def _mechanisms(s: dict[str, dict]) -> str:
-    """What the cancellation grid measures of M1 and M2 (DESIGN §5), beside its accuracies."""
+    """What the cancellation grid measures of M1 and M2 (DESIGN §5), beside its accuracies,
+    by the same rule (Holm over these checks)."""
     checks = (("M1, the residual before the update", "cancellation_residual",
                "seq_mean_token_mean / none", "token_mean / none"),
               # M2 first on token_mean, which has no M1 residual to mask it.
@@ -230,73 +256,37 @@ def _mechanisms(s: dict[str, dict]) -> str:
                 for agg in sorted(items_lib.CLIP_HIGHER_ON, key=lambda a: a != "token_mean")),
               ("the residual min_replace leaves", "cancellation_residual_updates",
                "seq_mean_token_mean / none", "seq_mean_token_mean / min_replace"))
+    found = [(what, key, a, b) for what, key, a, b in checks
+             if s.get(a, {}).get(key) and s.get(b, {}).get(key)]
+    tests = [stats.welch(s[a][key], s[b][key]) for _, key, a, b in found]
+    adjusted = stats.holm([t.p if t.p == t.p else 1.0 for t in tests], len(checks))
     out = []
-    for what, key, a, b in checks:
-        if key in s.get(a, {}) and key in s.get(b, {}) and s[a][key] and s[b][key]:
-            rel = compare(s[a][key], s[b][key])
-            out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {rel}"
-                       f" {'than' if rel in ('higher', 'lower') else 'with'} {b}"
-                       f" {fmt(s[b][key], digits=4)}")
-    return "; ".join(out) or "mechanisms: no records yet"
+    for (what, key, a, b), t, q in zip(found, tests, adjusted):
+        rel = stats.direction(test=t, adjusted_p=q) if t.p == t.p else "n/a (1 seed)"
+        out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {rel}"
+                   f" {'than' if rel in ('higher', 'lower') else 'with'} {b}"
+                   f" {fmt(s[b][key], digits=4)} (Holm p {_p(q)})")
+    return "Mechanisms: " + "; ".join(out) if out else "mechanisms: no records yet"
 
 
-def _some_cell_wins(res: list[tuple[str, str, str]], f: dict, m: int, alpha: float = 0.05
-                    ) -> tuple[str, str]:
-    """The verdict of "some cell beats its baseline" over a family of m cells: a win is higher
-    by the 2-SE rule and by Welch's t-test at Holm-adjusted p < alpha (see `holm`)."""
-    judged = [(a, b, r) for a, b, r in res if not r.startswith("n/a")]
-    adjusted = holm([welch_p(f[a], f[b]) for a, b, _ in judged], m)
-    notes = {(a, b): f"{r} (p {welch_p(f[a], f[b]):.2g}, Holm {q:.2g})"
-             for (a, b, r), q in zip(judged, adjusted)}
-    wins = [a for (a, b, r), q in zip(judged, adjusted) if r == "higher" and q < alpha]
-    text = "; ".join(f"{a} vs {b}: {notes.get((a, b), r)}" for a, b, r in res)
-    text += (f" (a win needs Welch p < {alpha} after Holm's correction over the {m} cells"
-             + (f"; {m - len(judged)} not judged yet)" if len(judged) < m else ")"))
-    short = "holds" if wins else "undetermined" if len(judged) < m else "does not hold"
-    return short, text
-
-
-def _plot(item: items_lib.Item, data: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by_budget = "budget_trajectories" in item.metrics  # methods stop at different steps
-    keys = ("eval_accuracy", *(k for k in item.metrics if k != "budget_trajectories"))
-    cols = min(4, len(keys))  # panels wrap into rows of 4
-    rows_n = -(-len(keys) // cols)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.6 * cols, 3.4 * rows_n), squeeze=False)
-    for ax in axes.flat[len(keys):]:
-        ax.set_visible(False)
-    for ax, key in zip(axes.flat, keys):
-        if by_budget:  # each seed's evaluations against the budget it had spent
-            for i, (label, recs) in enumerate(data.items()):
-                for k, rec in enumerate(recs):
-                    rows = [row for row in rec["rows"] if key in row]
-                    ax.plot([row.get("budget_trajectories", 0) for row in rows],
-                            [row[key] for row in rows], color=f"C{i}", marker="o", ms=3,
-                            alpha=0.7, label=label if k == 0 else None)
-            ax.set_title(key)
-            ax.set_xlabel("budget_trajectories")
-            continue
-        for label, recs in data.items():
-            series = [{row["step"]: row[key] for row in rec["rows"] if key in row} for rec in recs]
-            series = [x for x in series if x]  # seeds that log the key
-            steps = sorted(set.intersection(*(set(x) for x in series))) if series else []
-            if not steps:
-                continue
-            v = np.array([[x[t] for t in steps] for x in series])
-            m, sd = v.mean(0), v.std(0, ddof=1) if len(v) > 1 else np.zeros(len(steps))
-            ax.plot(steps, m, marker="o" if key == "eval_accuracy" else None, ms=3, label=label)
-            ax.fill_between(steps, m - sd, m + sd, alpha=0.2)
-        ax.set_title(key)
-        ax.set_xlabel("RL step")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(item.title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+def comparison_table(judged: list[Judged]) -> list[str]:
+    """The Markdown table of an item's comparisons."""
+    lines = ["| comparison | the paper expects | difference [95 % interval] | Welch p | "
+             "Holm p | result |", "|---|---|---|---|---|---|"]
+    for j in judged:
+        scale, unit = _scale(j.comparison)
+        t, d = j.test, _digits(scale)
+        diff = "—" if t.diff != t.diff else (
+            f"{scale * t.diff:+.{d}f}{unit} [{scale * t.low:+.{d}f}, {scale * t.high:+.{d}f}]")
+        if j.way == "level":
+            res = (f"level (smallest effect these seeds detect: ±{scale * t.mde:.{d}f}{unit} "
+                   f"at 80 % power)")
+        else:
+            res = j.result + {"for": " (the paper's way)", "against": " (against the paper)",
+                              "open": ""}[j.way]
+        lines.append(f"| {j.comparison.name} | {j.comparison.expect} | {diff} | {_p(t.p)} | "
+                     f"{_p(j.adjusted_p)} | {res} |")
+    return lines
 
 
 def _metric_cell(values: list[float], n_recs: int, key: str) -> str:
@@ -337,6 +327,82 @@ def hosts(data: dict[str, list[dict]]) -> str:
                      for cpu, n in sorted(counts.items()))
 
 
+def shared_runs(item: items_lib.Item) -> list[str]:
+    """Which of the item's runs other items reuse (the same directory and records), and which
+    of its comparisons other items count too: their verdicts are not independent evidence."""
+    others = [items_lib.ITEMS[n] for n in items_lib.ORDER if n != item.name]
+    lines = []
+    for r in item.runs:
+        if users := [o.name for o in others if r.name in {x.name for x in o.runs}]:
+            lines.append(f"{r.label} (`{r.name}`) is also a run of {', '.join(users)}")
+
+    def key(it: items_lib.Item, c: items_lib.Comparison) -> tuple:
+        names = {x.label: x.name for x in it.runs}
+        return (c.ref, c.expect, *sorted((k, names[label], m) for k, label, m in c.terms))
+
+    for c in item.comparisons:
+        if users := [o.name for o in others if key(item, c) in {key(o, x) for x in o.comparisons}]:
+            lines.append(f"the comparison {c.name} on the same records is counted in "
+                         f"{', '.join(users)} too")
+    return lines
+
+
+def code_versions(data: dict[str, list[dict]]) -> str:
+    """The commits whose code made the records, with how many records each (a backfilled
+    commit is the parent of the commit that added the record: `experiments/provenance.py`)."""
+    n = collections.Counter()
+    for recs in data.values():
+        for r in recs:
+            commit = str(r.get("commit") or "unknown")
+            tag = commit[:10] + (" dirty" if r.get("dirty") else "") + (
+                " backfilled" if str(r.get("commit_source", "")).startswith("backfilled") else "")
+            n[tag] += 1
+    return "; ".join(f"{c} ({k} record{'s' if k > 1 else ''})" for c, k in sorted(n.items()))
+
+
+TRAINER_CODE = ("ibpo_jax", "configs")  # what a run's numbers depend on, tests aside
+
+
+def code_changes(commits: set[str]) -> str:
+    """Whether the trainer's code changed between the records' commits: the files under
+    TRAINER_CODE that differ between the oldest and the newest of them ("" for one commit,
+    or without git). A changed file need not change the numbers; an unchanged tree cannot."""
+    import subprocess
+
+    known = sorted(c for c in commits if c and c != "unknown")
+    if len(known) < 2:
+        return ""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=items_lib.ROOT, capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+
+    try:
+        dated = sorted((int(git("log", "-1", "--format=%ct", c)), c) for c in known)
+        files = git("diff", "--name-only", dated[0][1], dated[-1][1], "--",
+                    *TRAINER_CODE).split()
+    except (OSError, subprocess.SubprocessError):
+        return f"The records come from {len(known)} commits (not compared: no git history)."
+    unknown = " (plus records of unknown code)" if len(known) < len(commits) else ""
+    where = ", ".join(d + "/" for d in TRAINER_CODE)
+    listed = ", ".join(f"`{f}`" for f in files[:8]) + (", …" if len(files) > 8 else "")
+    change = (f"{len(files)} file(s) of the trainer's code ({where}) changed, so the runs may "
+              f"differ by more than their seeds: {listed}" if files
+              else "the trainer's code did not change")
+    return (f"The records come from {len(known)} commits{unknown}; between the oldest "
+            f"({dated[0][1][:10]}) and the newest ({dated[-1][1][:10]}) {change}.")
+
+
+def truncated(data: dict[str, list[dict]]) -> list[str]:
+    """The records whose rows were cut after the run (their `truncated` note)."""
+    return [f"{label} seed {_seed(r)}: {r['truncated']}" for label, recs in data.items()
+            for r in recs if r.get("truncated")]
+
+
+def _seed(rec: dict) -> str:
+    return str((rec.get("config") or {}).get("seed", "?"))
+
+
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
                command: str, missing: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -362,22 +428,21 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
             s[label]["steps_to"] = steps_to(recs, thresholds[_source(recs)])
             s[label]["last_step"] = max(step for rec in recs for step, _ in _evals(rec))
     reference = "GSPO's" if "GSPO" in s else "the first row's"
-    head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", "vs first row",
+    head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)",
             f"steps to {reference} final" + (" on its base" if len(thresholds) > 1 else ""),
             *item.metrics, "min / run (median pace)", "paper"]
-    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    first = next(iter(s.values()))["final"]
+    lines += ["", "Mean ± sd over each run's seeds.", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         v, recs = s[r.label], data[r.label]
         cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
-                 fmt(v["gain"], 100),
-                 compare(v["final"], first) if v["final"] and r is not runs[0] else "—",
-                 v.get("steps_to", "—"),
+                 fmt(v["gain"], 100), v.get("steps_to", "—"),
                  *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
-                 fmt(v["time_min"]),
-                 item.paper.get(r.label, "—")]
+                 fmt(v["time_min"]), item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
     short, why = verdict(item, s)
+    judged = judge(item, s) if item.comparisons else []
+    c = counts(judged)
     if mixed := mixed_bases(data):
         # Never compare runs that started from different policies (records' `base`).
         short, why = "mixed bases", f"{mixed}; rerun them on one base"
@@ -386,69 +451,41 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         short += f" (so far: {len(runs) - len(missing_runs)} of {len(runs)} runs)"
         why += f"; not run yet: {', '.join(missing_runs)}"
     capped = [r for r in runs if r.seeds(seeds) < seeds]
-    counts = [len(data[r.label]) for r in runs if r not in capped]
-    n, most = min(counts, default=0), max(counts, default=0)
+    n_seeds = [len(data[r.label]) for r in runs if r not in capped]
+    n, most = min(n_seeds, default=0), max(n_seeds, default=0)
     span = str(n) if n == most else f"{n}-{most}"
     if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
         short += f" (so far: {n} of {item.min_seeds} seeds{'' if n == most else ' in some runs'})"
-    lines += ["", f"**Holds here?** {short}: {why}.", "",
+    if judged:
+        lines += ["", f"## The claim's comparisons ({'some' if item.some else 'every'} one "
+                  "should go the paper's way)", "",
+                  "Welch's test of each difference of seed means (runs may have different "
+                  "seed counts), Holm-adjusted over this item's comparisons; \"higher\" / "
+                  "\"lower\" needs Holm p < 0.05 (experiments/results/README.md, \"The "
+                  "rule\").", "", *comparison_table(judged)]
+    # With a comparison table above, the verdict line gives its counts and what else it read.
+    said = why if not judged or short.startswith("mixed") else ". ".join(
+        [tally(c), *filter(None, [_descriptive(item, s)])])
+    if missing_runs and judged:
+        said += f"; not run yet: {', '.join(missing_runs)}"
+    lines += ["", f"**Holds here?** {short}: {said}.", "",
               f"Seeds per run: {span} (the item asks for at "
               f"least {item.min_seeds})."
               + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
               f"{r.why_fewer}." for r in capped]
+    if shared := shared_runs(item):
+        lines += ["", "Shared with other items: " + "; ".join(shared) + "."]
+    lines += ["", f"Code (commit of each record): {code_versions(data)}."]
+    if changed := code_changes({r.get("commit", "") for recs in data.values() for r in recs}):
+        lines += [changed]
+    if cut := truncated(data):
+        lines += ["", "Truncated records: " + "; ".join(cut) + "."]
     if host_list := hosts(data):
         lines += ["", f"Hosts: {host_list}."]
-    lines += ["", f"![{item.name}]({item.name}.png)"]
+    png = out_dir / f"{item.name}.png"
+    caption = plots.plot_item(item, data=data, summaries=s, path=png)
+    lines += ["", f"![{item.name}]({item.name}.png)", "", f"*{caption}*"]
     md.write_text("\n".join(lines) + "\n")
-    js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n}) + "\n")
-    _plot(item, data, out_dir / f"{item.name}.png")
-    return [md, js, out_dir / f"{item.name}.png"]
-
-
-JUDGED = ("holds", "partly", "does not hold")
-
-
-def overall(verdicts: dict[str, str]) -> str:
-    """The summary's "holds here?" from each task's verdict (task -> verdict or "not run yet")."""
-    short = {t: v if v in JUDGED else "" for t, v in verdicts.items()}
-    pending = [t for t, v in verdicts.items()
-               if v == "not run yet" or v.startswith("incomplete") or "(so far" in v]
-    if pending:
-        return "not yet: " + ", ".join(f"`{t}`" for t in pending) + " to run"
-    if not all(short.values()):  # a probe's figure, "mixed bases", "undetermined": read them
-        return "see the cells"
-    kinds = set(short.values())
-    if kinds == {"holds"}:
-        return "**yes**" + (" (both tasks)" if len(short) > 1 else "")
-    if kinds == {"does not hold"}:
-        return "**no**" + (" (neither task)" if len(short) > 1 else "")
-    if kinds == {"holds", "does not hold"}:
-        return "only on " + ", ".join(f"`{t}`" for t, v in short.items() if v == "holds")
-    return "partly"
-
-
-def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
-    """<out>/README.md: paper claim | one column per task | holds?"""
-    lines = ["# Reproduction in miniature: which claims hold here", "",
-             "Generated by `python -m experiments.reproduce ITEM` from the committed records; "
-             "each cell links the item's results file. Every run starts from the committed "
-             "base of its task (`experiments/warm_starts/`); results on the earlier, "
-             "uncommitted bases are in [legacy/](legacy/README.md).", "",
-             "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks)
-             + " | holds here? |",
-             "|---|---|" + "---|" * len(tasks) + "---|"]
-    for name in items_lib.ORDER:
-        item = items_lib.ITEMS[name]
-        verdicts = {}
-        for t in tasks:
-            js = out / t / f"{name}.json"
-            verdicts[t] = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
-        cells = [v if v == "not run yet" else f"[{v}]({t}/{name}.md)"
-                 for t, v in verdicts.items()]
-        lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells)
-                     + f" | {overall(verdicts)} |")
-    out.mkdir(parents=True, exist_ok=True)  # a new --out with no records yet
-    path = out / "README.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n, "counts": c}) + "\n")
+    return [md, js, png]

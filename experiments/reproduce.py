@@ -20,7 +20,9 @@ and names the command that trains its item's runs. `--only` trains just the runs
 labels (the report still reads every record); a run that another driver is training is left
 to it.
 `--report-only` trains nothing and reports the records there are (a grid stopped midway: the
-tables say how many seeds each row has).
+tables say how many seeds each row has). Verdicts follow one rule for every item
+(experiments/stats.py, stated in experiments/results/README.md); records name the code that
+made them (`commit`, `dirty`; older ones back-filled by `python -m experiments.provenance`).
 
 --smoke trains the `smoke` preset for one step, one seed, the first run of each item, into
 --out (a temporary directory by default): seconds per run, for the test suite.
@@ -40,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments import credit_probe, gradient_probe, report
+from experiments import credit_probe, gradient_probe, report, summary
 from experiments import items as items_lib
 from ibpo_jax.host import cpu_model, git_commit
 
@@ -264,7 +266,7 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
             with open(files[0], "a") as f:
                 f.write("\n".join(gradient_probe.section(probes, command=cmd)) + "\n")
         written += files
-    written.append(report.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
+    written.append(summary.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
     return written
 
 

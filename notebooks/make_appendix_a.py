@@ -78,6 +78,10 @@ for d in dirs:
     recs = read_jsonl(Path(d, "appendix_a.jsonl")) if Path(d, "appendix_a.jsonl").exists() else []
     recs = list({r["step"]: r for r in recs}.values())  # a resumed run may repeat a step
     runs.append(dict(name=Path(d).name, cfg=cfg, rows=rows, diag=diag, recs=recs))
+# One colour per run (seed) on every figure; IBPO against λ = 0 is told by line style and
+# marker, never by colour (the histograms use grey for λ = 0 and black for IBPO).
+for i, r in enumerate(runs):
+    r["colour"] = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9")[i % 6]
     print(f"{Path(d).name}: {cfg['algo']}, λ = {cfg['ibpo']['lam']}, seed {cfg['seed']}, "
           f"{len(diag)} diagnostic steps, {len(recs)} per-row records")"""),
     ("markdown", """## Claim (i): Cov(Y, φ) < 0 at every logged step
@@ -88,12 +92,12 @@ neg, total = 0, 0
 for r in runs:
     steps = [x["step"] for x in r["diag"]]
     cov = [x["cov_y_phi"] for x in r["diag"]]
-    ax.plot(steps, cov, marker="o", ms=3, label=r["name"])
+    ax.plot(steps, cov, marker="o", ms=3, color=r["colour"], label=r["name"])
     neg += sum(c < 0 for c in cov)
     total += len(cov)
 ax.axhline(0, color="k", lw=0.8)
 ax.set_xlabel("RL step")
-ax.set_ylabel("pooled Cov(Y, φ)")
+ax.set_ylabel("pooled Cov(Y, φ) (reward × φ)")
 ax.legend(fontsize=7)
 ax.set_title("Claim (i): Cov(Y, φ) per logged step")
 fig.tight_layout()
@@ -113,17 +117,22 @@ for r in runs:
     v, v0 = (np.array([x[k] for x in r["diag"]]) for k in ("pg_var", "pg_var_gspo"))
     m, m0 = (np.array([x.get(k, np.nan) for x in r["diag"]])
              for k in ("pg_mean_sqnorm", "pg_mean_sqnorm_gspo"))
-    axes[0].semilogy(s, v, marker="o", ms=3, label=f"{r['name']} IBPO")
-    axes[0].semilogy(s, v0, ls="--", marker="x", ms=3, label=f"{r['name']} λ = 0")
-    axes[1].plot(s, v / v0, marker="o", ms=3, label=r["name"])
-    axes[2].plot(s, (v / m) / (v0 / m0), marker="o", ms=3, label=r["name"])
+    c = r["colour"]
+    axes[0].semilogy(s, v, color=c, marker="o", ms=3, label=f"{r['name']} IBPO")
+    axes[0].semilogy(s, v0, color=c, ls="--", marker="x", ms=3, label=f"{r['name']} λ = 0")
+    axes[1].plot(s, v / v0, color=c, marker="o", ms=3, label=r["name"])
+    axes[2].plot(s, (v / m) / (v0 / m0), color=c, marker="o", ms=3, label=r["name"])
     per_run.append((np.mean(v / v0), np.mean((v / m) / (v0 / m0))))
-axes[0].set_title("PG variance")
+axes[0].set_title("PG variance (solid: IBPO, dashed: λ = 0)")
+axes[0].set_ylabel("PG variance across groups (grad²)")
+axes[1].set_ylabel("IBPO / λ = 0 (ratio)")
+axes[2].set_ylabel("IBPO / λ = 0 (ratio)")
+axes[1].legend(fontsize=6)
 axes[0].set_xlabel("RL step")
 axes[0].legend(fontsize=6)
 axes[1].axhline(1, color="k", lw=0.8)
-axes[1].axhline(0.7, color="r", lw=0.8, ls=":")
-axes[1].set_title("pg_var / pg_var_gspo (red: the paper's 0.7)")
+axes[1].axhline(0.7, color="grey", lw=0.9, ls=":")
+axes[1].set_title("pg_var / pg_var_gspo (dotted: the paper's 0.70)")
 axes[1].set_xlabel("RL step")
 axes[2].axhline(1, color="k", lw=0.8)
 axes[2].set_title("(var / ‖ḡ‖²) ratio: noise relative to signal")
@@ -162,9 +171,12 @@ if recs:
                                      (nrm, nrm0, "std-normalized (as trained)"))):
         a, a0 = np.concatenate(a), np.concatenate(a0)
         bins = np.linspace(min(a.min(), a0.min()), max(a.max(), a0.max()), 41)
-        ax.hist(a0, bins, alpha=0.5, label=f"λ = 0: var {a0.var():.3f}")
-        ax.hist(a, bins, alpha=0.5, label=f"IBPO: var {a.var():.3f}")
-        ax.set_title(t)
+        ax.hist(a0, bins, color="lightgrey", label=f"λ = 0: var {a0.var():.3f}")
+        ax.hist(a, bins, histtype="step", color="black", lw=1.2,
+                label=f"IBPO: var {a.var():.3f}")
+        ax.set_title(t + ", all runs")
+        ax.set_xlabel("advantage (reward units)")
+        ax.set_ylabel("responses")
         ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()"""),
@@ -173,10 +185,11 @@ Theorem A.2: the unnormalized advantage variance drops iff 0 < λ < λ_max = 2C 
     ("code", """fig, ax = plt.subplots(figsize=(6, 3.2))
 for r in runs:
     s = [x["step"] for x in r["diag"]]
-    ax.plot(s, [x["lambda_max"] for x in r["diag"]], marker="o", ms=3, label=r["name"])
-ax.axhline(runs[0]["cfg"]["ibpo"]["lam"], color="r", ls=":", label="the runs' λ")
+    ax.plot(s, [x["lambda_max"] for x in r["diag"]], marker="o", ms=3, color=r["colour"],
+            label=r["name"])
+ax.axhline(runs[0]["cfg"]["ibpo"]["lam"], color="grey", ls=":", label="the runs' λ")
 ax.set_xlabel("RL step")
-ax.set_ylabel("pooled λ_max")
+ax.set_ylabel("pooled λ_max (λ units)")
 ax.legend(fontsize=7)
 fig.tight_layout()
 plt.show()
@@ -205,10 +218,11 @@ for r in runs:
     pts = [(x["step"], x["first_error_agreement"]) for x in r["rows"]
            if "first_error_agreement" in x]
     if pts:
-        axes[1].plot(*zip(*pts), lw=0.8, label=r["name"])
+        axes[1].plot(*zip(*pts), lw=0.8, color=r["colour"], label=r["name"])
 axes[1].set_ylim(0, 1.02)
 axes[1].set_xlabel("RL step")
 axes[1].set_title("first-error agreement")
+axes[1].set_ylabel("agreement with the checker (fraction)")
 axes[1].legend(fontsize=7)
 fig.tight_layout()
 plt.show()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import gradient_probe, items, report, reproduce
+from experiments import gradient_probe, items, plots, provenance, report, reproduce, stats, summary
 
 ROOT = Path(__file__).parents[2]
 
@@ -78,27 +78,35 @@ def test_cancellation_verdict_judges_each_fix_and_reports_the_mechanisms(tmp_pat
     report.write_item(item, runs=item.runs, seeds=2, records_dir=tmp_path / "runs",
                       out_dir=tmp_path, command="test", missing="")
     result = json.loads((tmp_path / "cancellation.json").read_text())
-    assert result["verdict"] == "partly"
+    # 3 of the 10 fixes are min_replace: t = 35 on 2 df (p 8e-4), x10 by Holm: still < 0.05.
+    assert result["verdict"] == "partly (3/10 for, 0 against)"
+    assert result["counts"] == {"n": 10, "for": 3, "against": 0, "level": 7, "open": 0}
+    assert "token_mean / min_replace vs token_mean / none: +5.0 pts [" in result["why"]
     text = (tmp_path / "cancellation.md").read_text()
-    assert "token_mean / min_replace vs token_mean / none: higher" in text
-    assert "token_mean / adv_orthogonal vs token_mean / none: level" in text
+    row = next(line for line in text.splitlines()
+               if line.startswith("| token_mean / adv_orthogonal vs token_mean / none |"))
+    assert "| +0.0 pts [" in row and "| 1 | 1 | level (smallest effect these seeds detect" in row
+    assert "3 of 10 go the paper's way, 0 against, rest level" in text
     assert "M1, the residual before the update: seq_mean_token_mean / none 0.3050" in text
     assert "is higher than token_mean / none" in text
 
 
 def test_summary_says_whether_each_claim_holds_across_the_tasks():
     both = ("arith", "arith_long")
-    assert report.overall(dict(zip(both, ("holds", "holds")))) == "**yes** (both tasks)"
-    assert report.overall(dict(zip(both, ("does not hold",) * 2))) == "**no** (neither task)"
-    assert report.overall(dict(zip(both, ("does not hold", "holds")))) == "only on `arith_long`"
-    assert report.overall(dict(zip(both, ("partly", "does not hold")))) == "partly"
-    assert report.overall(dict(zip(both, ("holds", "incomplete (so far: 2 of 7 runs)")))) == (
+    overall = summary.overall
+    assert overall(dict(zip(both, ("holds (2/2 for, 0 against)",) * 2))) == "**yes** (both tasks)"
+    assert overall(dict(zip(both, ("does not hold",) * 2))) == "**no** (neither task)"
+    assert overall(dict(zip(both, ("does not hold", "holds")))) == "only on `arith_long`"
+    assert overall(dict(zip(both, ("partly (1/4 for, 1 against)", "does not hold")))) == "partly"
+    assert overall(dict(zip(both, ("not shown (0/3 for, 0 against)",) * 2))) == (
+        "not shown on either task")
+    assert overall(dict(zip(both, ("not shown", "does not hold")))) == "no or not shown"
+    assert overall(dict(zip(both, ("holds", "incomplete (so far: 2 of 7 runs)")))) == (
         "not yet: `arith_long` to run")
-    assert report.overall(dict(zip(both, ("not run yet",) * 2))) == (
+    assert overall(dict(zip(both, ("not run yet",) * 2))) == (
         "not yet: `arith`, `arith_long` to run")
-    assert report.overall(dict(zip(both, ("default 90.9 %", "default 91.3 %")))) == (
-        "see the cells")
-    assert report.overall({"arith": "holds"}) == "**yes**"
+    assert overall(dict(zip(both, ("default 90.9 %", "default 91.3 %")))) == "see the cells"
+    assert overall({"arith": "holds"}) == "**yes**"
 
 
 def test_summary_links_every_item_and_records_are_compact(smoke_out):
@@ -131,11 +139,54 @@ def test_a_recorded_run_is_not_trained_again(smoke_out, tmp_path):
     assert out / "arith" / "table2a.md" in written
 
 
-def test_compare_rule_by_hand():
-    assert report.compare([0.5, 0.52, 0.51], [0.30, 0.31, 0.29]) == "higher"
-    assert report.compare([0.30, 0.31, 0.29], [0.5, 0.52, 0.51]) == "lower"
-    assert report.compare([0.5, 0.6], [0.52, 0.58]) == "level"
-    assert report.compare([0.5], [0.4]).startswith("n/a")
+def test_welch_by_hand_two_samples():
+    # a = 1, 2, 3; b = 4, 5, 6: d = -3, s² = 1 each, se = √(2/3) = 0.8165, t = -3.674, ν = 4.
+    t = stats.welch([1.0, 2.0, 3.0], [4.0, 5.0, 6.0])
+    assert t.diff == pytest.approx(-3.0) and t.df == pytest.approx(4.0)
+    assert t.p == pytest.approx(0.0213, abs=1e-4)
+    # 95 %: ± t(0.975, 4) · se = ± 2.7764 · 0.8165 = ± 2.267
+    assert (t.low, t.high) == pytest.approx((-5.267, -0.733), abs=1e-3)
+    # MDE = (t(0.975, 4) + t(0.8, 4)) · 1 · √(2/3) = (2.7764 + 0.9410) · 0.8165 = 3.035
+    assert t.mde == pytest.approx(3.035, abs=1e-3)
+
+
+def test_welch_with_unequal_seed_counts_by_hand():
+    # a: mean 0.51, s² 1e-4 (3 seeds); b: mean 0.485, s² 1.6667e-4 (4 seeds):
+    # se² = 1e-4/3 + 1.6667e-4/4 = 7.5e-5, t = 0.025 / 0.0086603 = 2.8868,
+    # ν = (7.5e-5)² / ((3.3333e-5)²/2 + (4.1667e-5)²/3) = 4.959
+    from scipy import stats as sp
+
+    a, b = [0.50, 0.52, 0.51], [0.48, 0.47, 0.50, 0.49]
+    t = stats.welch(a, b)
+    assert t.diff == pytest.approx(0.025) and t.df == pytest.approx(4.959, abs=1e-3)
+    assert t.p == pytest.approx(2 * sp.t.sf(2.8868, 4.959), rel=1e-4)
+    assert t.p == pytest.approx(sp.ttest_ind(a, b, equal_var=False).pvalue)
+
+
+def test_t_quantiles_match_the_table():
+    # Student's t table: t(0.975; 2, 4, 10, ∞) = 4.303, 2.776, 2.228, 1.960; t(0.8; 4) = 0.941
+    from scipy import stats as sp
+
+    for df, q in ((2, 4.303), (4, 2.776), (10, 2.228), (1e9, 1.960)):
+        assert sp.t.ppf(0.975, df) == pytest.approx(q, abs=1e-3)
+    assert sp.t.ppf(0.8, 4) == pytest.approx(0.941, abs=1e-3)
+
+
+def test_one_sample_and_difference_of_differences_contrasts():
+    # One sample against 1: mean 0.9, s = 0.1, n = 3: t = -1.732, ν = 2, p = 0.2254
+    t = stats.contrast(terms=[(1.0, [0.8, 0.9, 1.0])], ref=1.0)
+    assert t.diff == pytest.approx(-0.1) and t.df == pytest.approx(2.0)
+    assert t.p == pytest.approx(0.2254, abs=1e-4)
+    # (a - b) - (c - d), every s² = 5e-5 over 2 seeds: se = √(4 · 5e-5 / 2) = 0.01,
+    # ν = (1e-4)² / (4 · (2.5e-5)² / 1) = 4
+    xs = [[0.60, 0.61], [0.50, 0.51], [0.55, 0.56], [0.50, 0.51]]
+    t = stats.contrast(terms=list(zip((1.0, -1.0, -1.0, 1.0), xs)))
+    assert t.diff == pytest.approx(0.05) and t.df == pytest.approx(4.0)
+    assert t.high - t.diff == pytest.approx(2.7764 * 0.01, abs=1e-5)
+    # No spread anywhere: the difference is exact.
+    assert stats.welch([0.5, 0.5], [0.4, 0.4]).p == 0.0
+    assert stats.welch([0.5, 0.5], [0.5, 0.5]).p == 1.0
+    assert math.isnan(stats.welch([0.5], [0.4, 0.41]).p)
 
 
 def test_minutes_per_run_leave_a_pause_out():
@@ -152,63 +203,78 @@ def test_variants_are_judged_against_gspo_with_the_same_normalization():
     s = {"GSPO": [0.50, 0.51, 0.50], "GSPO no std division": [0.30, 0.31, 0.30],
          "no std division": [0.40, 0.41, 0.40], "token credit": [0.45, 0.46, 0.45]}
     short, why = report.verdict(items.ITEMS["variants"], {k: {"final": v} for k, v in s.items()})
-    assert short == "holds"
-    assert "no std division vs GSPO no std division: higher (p " in why
-    assert "token credit vs GSPO: lower (p " in why
-    assert why.endswith("over the 7 cells; 5 not judged yet)")
+    assert short == "holds (1/7 for, 1 against)"  # "some variant": one win is enough
+    assert "no std division vs GSPO no std division: +10.0 pts [" in why
+    assert "token credit vs GSPO: -5.0 pts [" in why and "lower (against the paper)" in why
+    assert why.startswith("1 of 7 go the paper's way, 1 against, 0 level, 5 not judged yet")
 
 
-def test_welch_p_matches_scipy_and_holm_matches_hand_values():
-    from scipy import stats
-
-    a, b = [0.50, 0.52, 0.51], [0.48, 0.47, 0.50, 0.49]
-    assert report.welch_p(a, b) == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
-    assert report.welch_p([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(0.0213, abs=1e-4)
-    assert report.welch_p([0.5, 0.5], [0.4, 0.4]) == 0.0  # neither side varies
-    assert math.isnan(report.welch_p([0.5], [0.4, 0.41]))
+def test_holm_matches_hand_values():
     # Sorted 0.01, 0.03, 0.04: x3 = 0.03, x2 = 0.06, x1 = 0.04 -> kept at the running max 0.06.
-    assert report.holm([0.01, 0.04, 0.03], 3) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.01, 0.04, 0.03], 3) == pytest.approx([0.03, 0.06, 0.06])
     # Two more hypotheses not tested yet count as the largest p-values.
-    assert report.holm([0.01, 0.04, 0.03], 5) == pytest.approx([0.05, 0.12, 0.12])
+    assert stats.holm([0.01, 0.04, 0.03], 5) == pytest.approx([0.05, 0.12, 0.12])
+    assert stats.holm([0.5, 0.9], 2) == pytest.approx([1.0, 1.0])
 
 
 def test_a_variant_that_wins_only_before_the_correction_does_not_settle_the_claim():
-    # IBPO-GSPO higher by 2 SE at p = 0.02 (t = 4.8): a win alone, not one of 7 cells.
+    # IBPO-GSPO higher at Welch p = 0.02 (t = 4.8): a win alone, not one of 7 cells' family.
     s = {"GSPO": [0.318, 0.322, 0.317], "IBPO-GSPO": [0.327, 0.328, 0.325]}
     item = items.ITEMS["variants"]
-    assert report.compare(s["IBPO-GSPO"], s["GSPO"]) == "higher"
-    assert report.welch_p(s["IBPO-GSPO"], s["GSPO"]) < 0.05
+    assert stats.welch(s["IBPO-GSPO"], s["GSPO"]).p < 0.05
     short, why = report.verdict(item, {k: {"final": v} for k, v in s.items()})
-    assert short == "undetermined" and "Holm" in why
+    assert short == "incomplete (0/7 for, 0 against)" and "Holm p 0.14" in why
     level = {k: [0.32, 0.321, 0.322] for k in ("token credit", "token granularity",
                                                 "λ=4.0", "no std division",
                                                 "GSPO no std division", "λ=4.0, no std",
                                                 "token credit, no std")}
     assert report.verdict(item, {k: {"final": v} for k, v in (s | level).items()})[0] \
-        == "does not hold"
+        == "not shown (0/7 for, 0 against)"
 
 
-def test_variants_without_a_win_stay_undetermined_while_a_cell_has_one_seed():
+def test_variants_without_a_win_stay_incomplete_while_a_cell_has_one_seed():
     level = [0.50, 0.51, 0.50]
     s = {r.label: level for r in items.ITEMS["variants"].runs} | {"token credit": [0.49]}
     summaries = {k: {"final": v} for k, v in s.items()}
-    assert report.verdict(items.ITEMS["variants"], summaries)[0] == "undetermined"
+    assert report.verdict(items.ITEMS["variants"], summaries)[0].startswith("incomplete")
     summaries["token credit"] = {"final": [0.49, 0.50, 0.50]}
-    assert report.verdict(items.ITEMS["variants"], summaries)[0] == "does not hold"
+    assert report.verdict(items.ITEMS["variants"], summaries)[0] == (
+        "not shown (0/7 for, 0 against)")
+    summaries["λ=4.0"] = {"final": [0.01, 0.02]}  # a collapse: against, no win
+    assert report.verdict(items.ITEMS["variants"], summaries)[0] == (
+        "does not hold (0/7 for, 1 against)")
 
 
-def test_an_every_pair_claim_waits_for_its_pairs_unless_already_partly():
-    item = items.ITEMS["table2b"]  # λ=0.5 against GSPO, λ=0.1 and λ=2.0; GSPO against λ=2.0
+def test_verdict_words_are_a_function_of_the_counts():
+    word = report.verdict_word
+    c = lambda k, m, n, o=0: {"for": k, "against": m, "n": n, "open": o,  # noqa: E731
+                              "level": n - k - m - o}
+    assert word(c(4, 0, 4)) == "holds" and word(c(1, 0, 4)) == "partly"
+    assert word(c(1, 3, 4)) == "partly" and word(c(0, 1, 4)) == "does not hold"
+    assert word(c(0, 0, 4)) == "not shown"
+    assert word(c(1, 0, 4, 2)) == "incomplete"  # the open two could make it hold
+    assert word(c(1, 1, 4, 2)) == "partly"  # nothing the open two give changes it
+    assert word(c(0, 0, 7), some=True) == "not shown"
+    assert word(c(0, 2, 7), some=True) == "does not hold"
+    assert word(c(1, 2, 7, 3), some=True) == "holds"
+    assert word(c(0, 2, 7, 3), some=True) == "incomplete"
+    assert report.tally(c(1, 1, 4)) == "1 of 4 go the paper's way, 1 against, rest level"
+
+
+def test_table2b_compares_lambda_half_with_every_other_lambda_and_gspo():
+    item = items.ITEMS["table2b"]
+    names = [c.name for c in item.comparisons]
+    assert names == ["λ=0.5 vs GSPO", "λ=0.5 vs λ=0.1", "λ=0.5 vs λ=0.3", "λ=0.5 vs λ=0.7",
+                     "λ=0.5 vs λ=1.0", "λ=0.5 vs λ=2.0", "GSPO vs λ=2.0"]
+    assert "IBPO-GSPO vs GSPO" in [c.name for c in items.ITEMS["table2a"].comparisons]
     high, low = [0.60, 0.61, 0.60], [0.50, 0.51, 0.50]
-    s = {"GSPO": low, "λ=0.5": high}
     judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
-    short, why = judge(s)  # one pair won, two unrecorded: they could still fail
-    assert short == "incomplete" and why.endswith("(3 of 4 pairs not judged yet)")
-    assert judge(s | {"λ=0.1": [0.3]})[0] == "incomplete"  # one seed cannot judge a pair
-    assert judge(s | {"λ=0.1": high})[0] == "partly"  # a win beside a level: settled
-    assert judge({"GSPO": high, "λ=0.5": low})[0] == "incomplete"  # a loss alone is not
-    assert judge(s | {"λ=0.1": low, "λ=2.0": low})[0] == "partly"  # λ=2 level with GSPO
-    assert judge(s | {"λ=0.1": low, "λ=2.0": [0.40, 0.41, 0.40]})[0] == "holds"
+    short, why = judge({"GSPO": low, "λ=0.5": high})  # one won, six unrecorded
+    assert short == "incomplete (1/7 for, 0 against)" and "6 not judged yet" in why
+    assert judge({"GSPO": high, "λ=0.5": low})[0] == "incomplete (0/7 for, 1 against)"
+    cells = {f"λ={lam}": low for lam in items.LAMBDAS} | {"λ=0.5": high, "GSPO": low}
+    assert judge(cells)[0] == "partly (6/7 for, 0 against)"  # λ=2 level with GSPO
+    assert judge(cells | {"λ=2.0": [0.40, 0.41, 0.40]})[0] == "holds (7/7 for, 0 against)"
 
 
 def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_path):
@@ -218,26 +284,28 @@ def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_pat
     def write(ibpo_curve):
         for r, curve in zip(item.runs, ([0.5, 0.52, 0.54, 0.56, 0.60], ibpo_curve)):
             for s in range(3):
-                rows = [{"step": 50 * i, "eval_accuracy": a} for i, a in enumerate(curve)]
+                rows = [{"step": 50 * i, "eval_accuracy": a + 0.001 * s}
+                        for i, a in enumerate(curve)]
                 (tmp_path / "runs" / f"{r.name}_s{s}.json").write_text(
                     json.dumps({"base": None, "config": {}, "rows": rows}))
         report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
                           out_dir=tmp_path, command="test", missing="")
         return json.loads((tmp_path / "speed.json").read_text())
 
-    fast = write([0.5, 0.61, 0.62, 0.62, 0.62])
-    assert fast["verdict"] == "holds" and "at step 50 of 200 (25%" in fast["why"]
+    # "early": step 50 of 200, the last evaluation within 150 / 400 of the steps.
+    fast = write([0.5, 0.62, 0.62, 0.62, 0.62])
+    assert fast["verdict"] == "holds (1/1 for, 0 against)"
+    assert "at step 50 of 200" in fast["why"] and "reaches GSPO's final" in fast["why"]
     (tmp_path / "runs" / f"{item.runs[1].name}_s2.json").unlink()  # 2 of the 3 seeds asked
     report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
                       out_dir=tmp_path, command="test", missing="")
     early = json.loads((tmp_path / "speed.json").read_text())["verdict"]
-    assert early == "holds (so far: 2 of 3 seeds in some runs)"
-    assert report.overall({"arith": early}) == "not yet: `arith` to run"
+    assert early == "holds (1/1 for, 0 against) (so far: 2 of 3 seeds in some runs)"
+    assert summary.overall({"arith": early}) == "not yet: `arith` to run"
     slow = write([0.5, 0.55, 0.58, 0.60, 0.61])
-    assert slow["verdict"] == "does not hold" and "at step 150 of 200 (75%" in slow["why"]
+    assert slow["verdict"] == "does not hold (0/1 for, 1 against)"
     never = write([0.5, 0.52, 0.53, 0.55, 0.58])
-    assert never["verdict"] == "does not hold" and "never reaches GSPO's final, 60.0 %" in (
-        never["why"])
+    assert "never reaches GSPO's final (60.1 %)" in never["why"]
 
 
 def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
@@ -246,13 +314,14 @@ def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
     judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
     low, mid, high = [0.40, 0.41, 0.40], [0.50, 0.51, 0.50], [0.60, 0.61, 0.60]
     short, why = judge({"GSPO 0.5x": low, "IBPO 0.5x": low, "GSPO": mid, "IBPO-GSPO": high})
-    assert short == "holds"
-    assert why == ("IBPO - GSPO: +0.0 pts at 0.5x (level), +10.0 at the default size "
-                   "(higher)")
-    # The gain shrinks with size: only partly.
+    assert short == "partly (2/3 for, 0 against)"  # no gain at the half size
+    assert "gain at the default size vs gain at 0.5x: +10.0 pts [" in why
+    # The gain shrinks with size: against.
     assert judge({"GSPO 0.5x": low, "IBPO 0.5x": high, "GSPO": mid,
-                  "IBPO-GSPO": high})[0] == "partly"
-    assert judge({"GSPO": mid, "IBPO-GSPO": high})[0] == "incomplete"
+                  "IBPO-GSPO": high})[0] == "partly (2/3 for, 1 against)"
+    assert judge({"GSPO 0.5x": low, "IBPO 0.5x": mid, "GSPO": low,
+                  "IBPO-GSPO": high})[0] == "holds (3/3 for, 0 against)"
+    assert judge({"GSPO": mid, "IBPO-GSPO": high})[0].startswith("incomplete")
 
 
 def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
@@ -395,8 +464,8 @@ def test_steps_to_the_baseline_count_against_gspo_on_the_same_base(tmp_path):
             (tmp_path / "sizes.md").read_text().splitlines() if line.startswith("| ")}
     assert "steps to GSPO's final on its base" in rows["run"]
     # 0.54 (GSPO 0.5x's final) is reached at step 50 by IBPO 0.5x, not against GSPO's 0.40.
-    assert rows["IBPO 0.5x"][6] == "50" and rows["GSPO 0.5x"][6] == "100"
-    assert rows["IBPO-GSPO"][6] == "100" and rows["GSPO"][6] == "100"
+    assert rows["IBPO 0.5x"][5] == "50" and rows["GSPO 0.5x"][5] == "100"
+    assert rows["IBPO-GSPO"][5] == "100" and rows["GSPO"][5] == "100"
 
 
 def test_report_only_trains_nothing_and_reports_the_records_there_are(tmp_path, monkeypatch):
@@ -514,3 +583,135 @@ def test_every_run_of_the_grid_starts_from_a_committed_base(task, tmp_path, monk
         if not (path.parent == policy.COMMITTED and (path / "model.safetensors").exists()):
             missing.add(f"{run.label}: {path.name}")
     assert not missing, sorted(missing)
+
+
+def _synthetic_records(item: items.Item, recs, *, seeds: int = 3, extra: dict | None = None):
+    """Records of every run of `item` (accuracies apart by run, the item's metrics logged)."""
+    recs.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(item.runs):
+        for s in range(seeds):
+            rows = [{"step": 10 * t, "eval_accuracy": 0.5 + 0.01 * i + 0.002 * s + 0.001 * t,
+                     "budget_trajectories": 100.0 * t,
+                     **{k: 0.1 * i + 0.01 * s + 0.001 * t for k in item.metrics
+                        if k != "budget_trajectories"}} for t in range(6)]
+            (recs / f"{r.name}_s{s}.json").write_text(json.dumps(
+                {"base": None, "config": {"seed": s}, "rows": rows, **(extra or {})}))
+
+
+@pytest.mark.parametrize("name", [n for n in items.ORDER if items.ITEMS[n].runs])
+def test_every_items_plot_renders_with_labels_and_a_caption(name, tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    item = items.ITEMS[name]
+    _synthetic_records(item, tmp_path / "runs")
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, path, **k: figures.append(self) or Path(path).touch())
+    report.write_item(item, runs=item.runs, seeds=3, records_dir=tmp_path / "runs",
+                      out_dir=tmp_path, command="test", missing="")
+    (fig,) = figures
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_ylabel()]
+    curves = [ax for ax in panels if ax.get_legend() is not None
+              and ax.get_xlabel() in ("RL step", "trajectories sampled (budget)")]
+    assert curves and all(ax.get_ylabel() in plots.UNITS.values() or "(%)" in ax.get_ylabel()
+                          for ax in curves)
+    assert any(ax.get_ylabel() == "held-out accuracy (%)" for ax in panels)
+    for ax in curves:  # at most PER_PANEL runs a panel, a style each
+        handles = ax.get_legend().legend_handles
+        assert len(handles) <= plots.PER_PANEL
+        looks = {(h.get_color(), h.get_linestyle(), h.get_marker()) for h in handles}
+        assert len(looks) == len(handles)
+    md = (tmp_path / f"{name}.md").read_text()
+    caption = md.strip().splitlines()[-1]
+    assert caption.startswith("*") and ("±1 sd over each run's n seeds" in caption
+                                        or "each line is one seed" in caption)
+    if name == "table2b":  # Fig. 2: final accuracy against λ, the paper's beside it
+        ax = next(a for a in panels if a.get_xlabel() == "λ (GSPO = 0)")
+        assert any("paper" in a.get_ylabel() for a in fig.axes)
+        assert len(ax.containers) == len(item.runs)  # an error bar per λ
+    if name == "table1":
+        assert "SCoRe+GRPO (2nd attempt) (n=3)" in [t.get_text() for ax in curves
+                                                    for t in ax.get_legend().get_texts()]
+    if name == "appendix_a":
+        ratio = next(a for a in panels if a.get_ylabel() == plots.UNITS["pg_var_ratio"])
+        levels = {round(line.get_ydata()[0], 2) for line in ratio.get_lines()
+                  if len(set(line.get_ydata())) == 1}
+        assert {1.0, 0.7} <= levels
+
+
+def test_panels_hold_at_most_five_runs_each_beside_the_baseline():
+    for n in range(1, 13):
+        labels = [str(i) for i in range(n)]
+        panels = plots.panels_of(labels)
+        assert all(len(p) <= plots.PER_PANEL and p[0] == "0" for p in panels)
+        assert {x for p in panels for x in p} == set(labels)
+    # Each IBPO beside its base optimizer (C.4): whole pairs share a panel.
+    item = items.ITEMS["optimizers"]
+    assert plots.panels_of([r.label for r in item.runs],
+                           pairs=[c.labels for c in item.comparisons]) == [
+        ["GRPO", "IBPO-GRPO", "GSPO", "IBPO-GSPO"], ["PPO", "IBPO-PPO"]]
+    # The cancellation grid: a panel per aggregation, every run in one.
+    item = items.ITEMS["cancellation"]
+    assert sorted(x for p in item.panels for x in p) == sorted(r.label for r in item.runs)
+    looks = {tuple(plots.style(i).values()) for i in range(28)}
+    assert len(looks) == 28 and all(plots.style(i)["color"] != "#000000" for i in range(1, 28))
+
+
+def test_reports_name_code_truncation_shared_runs_and_unequal_seeds(tmp_path):
+    item = items.ITEMS["curves"]
+    recs = tmp_path / "runs"
+    _synthetic_records(item, recs, seeds=3, extra={"commit": "a" * 40, "dirty": False})
+    gspo = item.runs[0]
+    for s in range(3, 8):  # GSPO's seeds 3-7: 8 seeds against IBPO's 3
+        rec = json.loads((recs / f"{gspo.name}_s0.json").read_text())
+        rec |= {"commit": "b" * 40, "dirty": True, "truncated": "rows after step 40 dropped"
+                if s == 7 else None}
+        (recs / f"{gspo.name}_s{s}.json").write_text(json.dumps(rec))
+    report.write_item(item, runs=item.runs, seeds=8, records_dir=recs, out_dir=tmp_path,
+                      command="test", missing="")
+    md = (tmp_path / "curves.md").read_text()
+    assert "| GSPO | 8 |" in md and "| IBPO-GSPO | 3 |" in md
+    assert "Seeds per run: 3-8" in md
+    assert "Code (commit of each record): aaaaaaaaaa (6 records); bbbbbbbbbb dirty (5 records)." \
+        in md
+    assert "Truncated records: GSPO seed 0: rows after step 40 dropped." in md
+    assert "GSPO (`gspo`) is also a run of table2a, table2b, speed, sizes" in md
+    assert "the comparison IBPO-GSPO vs GSPO" not in md  # C.2 compares rewards, not accuracy
+    assert "counted in table2a, table2b" in (
+        report.shared_runs(items.ITEMS["optimizers"])[-1])
+
+
+def test_backfill_adds_provenance_and_never_a_measured_value(tmp_path):
+    # A committed record: its values were first committed by some commit; the code is at best
+    # that commit's parent.
+    path = next(iter(sorted((ROOT / "experiments/results/runs/arith").glob("gspo_s0.json"))))
+    rec = {k: v for k, v in json.loads(path.read_text()).items()
+           if k not in ("commit", "dirty", "commit_source")}
+    first = provenance.origin(path, rec)
+    out = provenance.backfill(rec, path=path)
+    assert provenance.measured(out) == provenance.measured(rec)
+    if first is None:  # a checkout without history
+        assert out["commit"] == "unknown"
+    else:
+        parent = subprocess.run(["git", "rev-parse", f"{first}^"], cwd=ROOT, text=True,
+                                capture_output=True).stdout.strip()
+        assert out["commit"] == parent and out["dirty"] is None
+        assert out["commit_source"].startswith(f"backfilled: parent of {first[:12]}")
+    assert out["cpu"] == rec["cpu"]  # its own field stays
+    # Not committed: unknown.
+    fresh = tmp_path / "x_s0.json"
+    fresh.write_text(json.dumps({"rows": [], "base": None}))
+    assert provenance.backfill({"rows": [], "base": None}, path=ROOT / "nowhere_s0.json") == {
+        "rows": [], "base": None, "commit": "unknown", "dirty": None,
+        "commit_source": "unknown: the record is not committed", "cpu": "unknown"}
+    # A message names a host only as where records ran.
+    assert provenance.HOSTS.findall("3 seeds on AMD EPYC; first records")
+    assert not provenance.HOSTS.findall("90.9 % (legacy Intel base: 97.9 %)")
+
+
+def test_committed_records_name_their_code():
+    for path in (ROOT / "experiments/results/runs").glob("*/*.json"):
+        rec = json.loads(path.read_text())
+        assert {"commit", "cpu"} <= rec.keys(), path
+        assert rec.get("commit_source", "").startswith(("backfilled", "unknown")) or (
+            "dirty" in rec and rec["commit"] != "unknown"), path
