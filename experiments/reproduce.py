@@ -267,6 +267,9 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
                 f.write("\n".join(gradient_probe.section(probes, command=cmd)) + "\n")
         written += files
     written.append(summary.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
+    if out == RESULTS and summary.sync_front_page(ROOT / "README.md", out, tuple(TASKS),
+                                                  link_prefix="experiments/results/"):
+        written.append(ROOT / "README.md")  # its verdict table, from the same reports
     return written
 
 

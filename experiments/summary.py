@@ -106,3 +106,36 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+BEGIN, END = "<!-- VERDICT TABLE -->", "<!-- /VERDICT TABLE -->"
+
+
+def front_page_table(out: Path, tasks: tuple[str, ...], *, link_prefix: str) -> list[str]:
+    """The verdict table of the repository's front page: item | one column per task, each
+    cell the verdict word and counts linking the item's report (`link_prefix` + task/item.md).
+    Generated from the same reports as the summary, so the front page cannot drift from them."""
+    lines = ["| item | " + " | ".join(f"`{t}`" for t in tasks) + " |",
+             "|---|" + "---|" * len(tasks)]
+    for name in items_lib.ORDER:
+        cells = []
+        for t in tasks:
+            js = out / t / f"{name}.json"
+            v = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
+            cells.append(v if v == "not run yet" else f"[{v}]({link_prefix}{t}/{name}.md)")
+        lines.append(f"| {items_lib.ITEMS[name].title} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def sync_front_page(readme: Path, out: Path, tasks: tuple[str, ...], *, link_prefix: str
+                    ) -> bool:
+    """Rewrites the block between BEGIN and END in `readme` with `front_page_table`; returns
+    whether the file has that block (a README without it is left alone)."""
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        return False
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    table = "\n".join(front_page_table(out, tasks, link_prefix=link_prefix))
+    readme.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    return True

@@ -715,3 +715,16 @@ def test_committed_records_name_their_code():
         assert {"commit", "cpu"} <= rec.keys(), path
         assert rec.get("commit_source", "").startswith(("backfilled", "unknown")) or (
             "dirty" in rec and rec["commit"] != "unknown"), path
+
+
+def test_front_page_verdict_table_matches_the_reports():
+    """README's verdict table is the one `summary.front_page_table` makes from the committed
+    reports (rewritten by every non-smoke `reproduce` run), so the front page cannot drift."""
+    from experiments import reproduce, summary
+
+    text = (reproduce.ROOT / "README.md").read_text()
+    block = text.split(summary.BEGIN, 1)[1].split(summary.END, 1)[0].strip()
+    expected = summary.front_page_table(reproduce.RESULTS, tuple(reproduce.TASKS),
+                                        link_prefix="experiments/results/")
+    assert block == "\n".join(expected)
+    assert text[:text.index(summary.END)].count("\n") < 60  # on the first screen
