@@ -22,6 +22,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
                         help="config file, optionally with :preset")
     parser.add_argument("--workdir", default="", help="outputs + checkpoints "
                         "(default: workdirs/<algo>_<preset>_seed<seed>)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (file, preset, overrides), each key "
+                        "with its documentation, and exit")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error (also: IBPO_DEBUG=1)")
     args, rest = parser.parse_known_args(argv)
@@ -34,6 +37,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
 @cli.entry_point
 def main(argv: list[str]) -> int:
     args, cfg = parse(argv)  # a config error: one line (cli), before jax starts
+    if args.print_config:
+        from ibpo_jax import config_docs
+
+        print("\n".join(config_docs.lines(cfg)))
+        return 0
     from ibpo_jax import hostmem, sharding
     from ibpo_jax.trainer import workdir
 
