@@ -15,7 +15,19 @@ recomputes (what RL needs as log pi_old). Greedy decoding (temperature 0) report
 untempered log-probs of the chosen tokens.
 
 Rows stop at their first EOS (counted in `lengths`; later tokens are `pad_id` with log-prob 0);
-the loop exits as soon as every row is done. Sampling is deterministic for a given key.
+the loop exits as soon as every row is done. Between legs of the loop (`kv_cache.decode_stops`:
+each segment width, and within one every width / 8 steps, at most `COMPACT_EVERY`) finished
+rows are dropped from the batch: the active ones are gathered into the smallest of a few row
+counts (`kv_cache.bucket_sizes`), each with its own copy of its prompt's cache part, and
+written back into the outputs at the end. Row i always draws the i-th of the step's B*R
+uniforms, whichever rows are active, so compaction draws the same samples; its log-probs
+equal the uncompacted ones up to float rounding (XLA:CPU orders decode attention's sums by
+the row count), so a token can differ only where a uniform falls within rounding of a
+boundary of the inverse CDF. Sampling is deterministic for a given key.
+
+Decode reads a copy of the weights in the compute dtype (`compute_weights`), made once per
+call and placed as the sampler's layout says (`sharding.SAMPLING` by default, replicated over
+the batch axes; `sharding.SAMPLING_FSDP` for weights too big for that).
 """
 
 from __future__ import annotations
@@ -135,10 +147,14 @@ class Categorical:
     filters: tuple[Callable[[Array], Array], ...] = ()
 
     def __call__(self, logits: Array, rng: Array) -> tuple[Array, Array]:
+        return self.sample(logits, jax.random.uniform(rng, (logits.shape[0], 1)))
+
+    def sample(self, logits: Array, uniform: Array) -> tuple[Array, Array]:
+        """logits [B, V], uniform [B, 1] in [0, 1) -> (tokens [B], log-probs [B])."""
         x = logits / self.temperature
         for f in self.filters:
             x = f(x)
-        return sample_inverse_cdf(x, rng)
+        return inverse_cdf(x, uniform)
 
 
 def make_strategy(*, temperature: float, top_k: int = 0, top_p: float = 1.0
@@ -156,18 +172,52 @@ def make_strategy(*, temperature: float, top_k: int = 0, top_p: float = 1.0
     return Categorical(float(temperature), filters)
 
 
+# ---------------------------------------------------------------- weights
+
+
+def _narrowed(path: Any, x: Any, dtype: Any) -> bool:
+    """Whether `compute_weights` casts the leaf `x` at `path` to `dtype`: a matrix (not a
+    `sharding.PARAM_FIELDS` "vector") whose dtype is wider."""
+    field = sharding.PARAM_FIELDS.get(str(getattr(path[-1], "key", path[-1])))
+    return field != "vector" and jnp.dtype(x.dtype).itemsize > jnp.dtype(dtype).itemsize
+
+
+def compute_weights(params: Any, dtype: Any) -> Any:
+    """`params` with every weight matrix (projections, embedding, lm_head) cast to the compute
+    `dtype` where that is narrower than its own; vectors (norm scales, value head) keep theirs.
+    The model casts matrices to the compute dtype before every matmul and reads vectors in
+    float32, so results are bit-identical, and a bf16 copy of fp32 weights reads half the
+    bytes. Leaves that need no cast are returned as they are (not copied)."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, x: x.astype(dtype) if _narrowed(path, x, dtype) else x, params)
+
+
+def _casts(params: Any, dtype: Any) -> bool:
+    """Whether `compute_weights(params, dtype)` casts anything (host check, no tracing)."""
+    return any(_narrowed(p, x, dtype) for p, x in jax.tree_util.tree_leaves_with_path(params))
+
+
 # ---------------------------------------------------------------- decode state and loop
+
+COMPACT_EVERY = 512  # decode steps between chances to drop finished rows, within a width
+# Compaction's default: on from this many new tokens. Short responses gain little (6.9 % of
+# the row-steps at arith_tiny's 48 tokens, measured) against the extra compiled programs (a
+# segment per width and row count); 8,192-token ones ~30-46 % (kv_cache.row_steps).
+COMPACT_MIN_NEW_TOKENS = 512
 
 
 class DecodeState(NamedTuple):
+    """The loop's state over its M active rows (M = B*R until finished rows are dropped)."""
+
     step: Array  # int32: tokens[:, step] is the newest sampled token
     cache: kv_cache.KVCache  # row cache: the current segment's width (kv_cache.grow)
-    tokens: Array  # [B*R, N] int32
-    logprobs: Array  # [B*R, N] float32
-    lengths: Array  # [B*R] int32
-    done: Array  # [B*R] bool: EOS already emitted
-    prompt_mask: Array  # [B, P] bool
-    next_pos: Array  # [B*R] int32: position of tokens[:, step]
+    tokens: Array  # [M, N] int32
+    logprobs: Array  # [M, N] float32
+    lengths: Array  # [M] int32
+    done: Array  # [M] bool: EOS already emitted
+    prompt_mask: Array  # [B, P] bool (shared by R rows each), [M, P] once compacted
+    next_pos: Array  # [M] int32: position of tokens[:, step]
+    row_ids: Array  # [M] int32: each row's output row; B*R on a compacted batch's padding
     rng: Array
 
 
@@ -181,20 +231,32 @@ class _Sampler:
     num_samples: int
     pad_id: int
     mesh: Mesh | None
+    layout: sharding.ShardingSpec = sharding.SAMPLING
+    compaction: bool = True
 
     @property
     def model(self) -> Qwen3:
-        return Qwen3(self.config, self.options, sharding.SAMPLING)
+        return Qwen3(self.config, self.options, self.layout)
 
     def _params(self, params: Any) -> Any:
-        # Sampling layout: weights whole on each batch replica, split only over `tensor`.
         if self.mesh is None:
             return params
-        shardings = sharding.param_shardings(params, self.mesh, sharding.SAMPLING)
+        shardings = sharding.param_shardings(params, self.mesh, self.layout)
         return jax.lax.with_sharding_constraint(params, shardings)
 
-    def _pick(self, logits: Array, rng: Array, step: Array, done: Array) -> tuple[Array, Array]:
-        tokens, logp = self.strategy(logits, jax.random.fold_in(rng, step))
+    def weights(self, params: Any) -> Any:
+        """The weights decode reads: the compute-dtype copy, in the sampling layout."""
+        return self._params(compute_weights(params, self.options.dtype))
+
+    def _pick(self, logits: Array, rng: Array, step: Array, done: Array, row_ids: Array,
+              total: int) -> tuple[Array, Array]:
+        if isinstance(self.strategy, Greedy):
+            tokens, logp = self.strategy(logits, rng)
+        else:
+            # Row i draws the i-th of `total` uniforms whatever rows are active (the same
+            # numbers as one draw for the whole batch): dropping rows changes no sample.
+            u = jax.random.uniform(jax.random.fold_in(rng, step), (total, 1))
+            tokens, logp = self.strategy.sample(logits, u[jnp.minimum(row_ids, total - 1)])
         return (jnp.where(done, self.pad_id, tokens).astype(jnp.int32),
                 jnp.where(done, 0.0, logp))
 
@@ -213,8 +275,9 @@ class _Sampler:
                                       mask, method=Qwen3.encode)
         logits = self.model.apply({"params": params}, hidden[:, -1], method=Qwen3.logits)
         logits = jnp.repeat(logits, r, axis=0)  # prompt-major rows b*R + r
-        no = jnp.zeros((b * r,), bool)
-        first, logp = self._pick(logits, rng, jnp.int32(0), no)
+        ids = jnp.arange(b * r, dtype=jnp.int32)
+        first, logp = self._pick(logits, rng, jnp.int32(0), jnp.zeros((b * r,), bool), ids,
+                                 b * r)
         # Token i's key/value go to slot i when token i is fed; the last token is never fed.
         # The row cache starts at the first segment's width and grows (see `decode`).
         width = kv_cache.slot_widths(max(n - 1, 1))[0]
@@ -227,12 +290,12 @@ class _Sampler:
             step=jnp.int32(0), cache=cache, tokens=tokens,
             logprobs=jnp.zeros((b * r, n), jnp.float32).at[:, 0].set(logp),
             lengths=jnp.ones((b * r,), jnp.int32), done=self._is_eos(first), prompt_mask=mask,
-            next_pos=jnp.repeat(prompt_lens.astype(jnp.int32), r), rng=rng)
+            next_pos=jnp.repeat(prompt_lens.astype(jnp.int32), r), row_ids=ids, rng=rng)
 
     def _place(self, cache: kv_cache.KVCache) -> kv_cache.KVCache:
         """Sharding constraints of the cache's arrays (keys [.., B, K, H, S], values
         [.., B, K, S, H]; a leading [L] axis when stacked)."""
-        k_spec, v_spec = sharding.SAMPLING.cache_bkhs, sharding.SAMPLING.cache_bksh
+        k_spec, v_spec = self.layout.cache_bkhs, self.layout.cache_bksh
         if self.options.scan_layers:
             k_spec, v_spec = (P(None, *s) for s in (k_spec, v_spec))
 
@@ -242,7 +305,7 @@ class _Sampler:
         leaf = lambda x: isinstance(x, (kv_cache.PromptKV, kv_cache.RowKV))  # noqa: E731
         return jax.tree.map(place, cache, is_leaf=leaf)
 
-    def _step(self, params: Any, s: DecodeState) -> DecodeState:
+    def _step(self, params: Any, total: int, s: DecodeState) -> DecodeState:
         """Feeds tokens[:, step] (row-cache slot `step`) and samples tokens[:, step + 1]."""
         fed = jax.lax.dynamic_index_in_dim(s.tokens, s.step, axis=1, keepdims=False)
         slots = kv_cache.slots_of(s.cache.rows)
@@ -250,7 +313,7 @@ class _Sampler:
             {"params": params}, fed, s.next_pos, s.cache, s.prompt_mask,
             jnp.arange(slots) <= s.step, s.step, method=Qwen3.decode)
         logits = self.model.apply({"params": params}, hidden, method=Qwen3.logits)
-        tok, logp = self._pick(logits, s.rng, s.step + 1, s.done)
+        tok, logp = self._pick(logits, s.rng, s.step + 1, s.done, s.row_ids, total)
         col = s.step + 1
         return s._replace(
             step=col, cache=cache,
@@ -259,23 +322,58 @@ class _Sampler:
             lengths=s.lengths + (~s.done).astype(jnp.int32),
             done=s.done | self._is_eos(tok), next_pos=s.next_pos + 1)
 
-    def segment(self, params: Any, state: DecodeState) -> DecodeState:
-        """Decode steps while the step's slot fits the row cache's width (and some row is not
-        done): one segment of the loop, see `_compiled`."""
+    def segment(self, params: Any, state: DecodeState, stop: Array, total: int
+                ) -> DecodeState:
+        """Decode steps while the step is below `stop` (<= the row cache's width), below the
+        last column, and some row is not done: one leg of the loop, see `_compiled`. `total`:
+        the batch's B*R rows (static)."""
         params = self._params(params)
-        width, n = kv_cache.slots_of(state.cache.rows), self.max_new_tokens
+        n = self.max_new_tokens
 
         def cond(s: DecodeState) -> Array:
-            return (s.step < width) & (s.step + 1 < n) & ~jnp.all(s.done)
+            return (s.step < stop) & (s.step + 1 < n) & ~jnp.all(s.done)
 
         # Returning the whole (donated) state lets the loop update its buffers, the cache
         # above all, in place instead of copying them.
-        return jax.lax.while_loop(cond, functools.partial(self._step, params), state)
+        return jax.lax.while_loop(cond, functools.partial(self._step, params, total), state)
 
     def grow(self, state: DecodeState, width: int) -> DecodeState:
-        """The state with its row cache padded to `width` slots."""
-        rows = kv_cache.grow(state.cache.rows, width)
-        return state._replace(cache=self._place(state.cache._replace(rows=rows)))
+        """The state with its row cache padded to `width` slots; consumes the old row cache
+        (`kv_cache.grow_consumed`), the rest is passed on uncopied."""
+        rows = kv_cache.grow_consumed(state.cache.rows, width)
+        return state._replace(cache=state.cache._replace(rows=rows))
+
+    def merge(self, out: SampleOutput, state: DecodeState) -> SampleOutput:
+        """The outputs [B*R, ...] with the state's rows written at their `row_ids`."""
+        put = lambda full, part: sharding.constrain(  # noqa: E731
+            full.at[state.row_ids].set(part, mode="drop"), P(sharding.BATCH))
+        return SampleOutput(put(out.tokens, state.tokens), put(out.lengths, state.lengths),
+                            put(out.logprobs, state.logprobs))
+
+    def compact(self, out: SampleOutput | None, state: DecodeState, keep: Array, width: int,
+                total: int) -> tuple[SampleOutput, DecodeState]:
+        """Drops finished rows: (the outputs so far, the state of rows `keep` [M'] (indices
+        into the state's rows; -1: padding, a done row whose results are dropped) with its
+        row cache grown to `width`). `out` None: the state is the uncompacted prefill's (its
+        prompt cache shared by R rows each), and its arrays are the outputs so far."""
+        if out is None:
+            out, shared = SampleOutput(state.tokens, state.lengths, state.logprobs), True
+        else:
+            out, shared = self.merge(out, state), False
+        pad = keep < 0
+        idx = jnp.maximum(keep, 0)
+        ids = state.row_ids[idx]
+        prompt = ids // self.num_samples if shared else idx  # each row its prompt's part
+        stacked = self.options.scan_layers
+        take = lambda x: sharding.constrain(jnp.take(x, idx, axis=0), P(sharding.BATCH))  # noqa
+        cache = kv_cache.KVCache(
+            kv_cache.take_rows(state.cache.prompt, prompt, stacked),
+            kv_cache.grow(kv_cache.take_rows(state.cache.rows, idx, stacked), width))
+        return out, state._replace(
+            cache=self._place(cache), tokens=take(state.tokens), logprobs=take(state.logprobs),
+            lengths=take(state.lengths), done=take(state.done) | pad,
+            prompt_mask=sharding.constrain(state.prompt_mask[prompt], P(sharding.BATCH)),
+            next_pos=take(state.next_pos), row_ids=jnp.where(pad, total, ids))
 
 
 GenerateFn = Callable[[Any, Any, Any, Array], SampleOutput]
@@ -284,14 +382,19 @@ GenerateFn = Callable[[Any, Any, Any, Array], SampleOutput]
 def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: int,
                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                 eos_ids: tuple[int, ...] | list[int] = (), num_samples: int = 1,
-                pad_id: int = 0, mesh: Mesh | None = None) -> GenerateFn:
+                pad_id: int = 0, mesh: Mesh | None = None,
+                layout: sharding.ShardingSpec = sharding.SAMPLING,
+                compact: bool | None = None) -> GenerateFn:
     """A function (params, prompts [B, P], prompt_lens [B], rng) -> SampleOutput.
 
     Built once per configuration (cached): repeated calls with new params or new prompts of
-    the same shapes reuse the two compiled programs, `fn.prefill` (params, prompts,
-    prompt_lens, rng) -> DecodeState and `fn.decode` (params, state) -> final DecodeState
-    (the state donated: the row cache is updated in place). With a mesh, rows are split
-    over ("data", "fsdp") and weights take the SAMPLING layout inside the programs.
+    the same shapes reuse the compiled programs: `fn.weights` (params) -> the compute-dtype
+    copy in `layout`, made once per call; `fn.prefill` (weights, prompts, prompt_lens, rng)
+    -> DecodeState; `fn.decode` (weights, state) -> SampleOutput (the state consumed). With a
+    mesh, rows are split over ("data", "fsdp") and weights take `layout` (`sharding.SAMPLING`:
+    replicated over the batch axes; `sharding.SAMPLING_FSDP`: split over fsdp, gathered per
+    layer). `compact`: drop finished rows between legs of the loop (the same samples, fewer
+    row-steps); None: from `COMPACT_MIN_NEW_TOKENS` new tokens on.
     """
     if isinstance(max_new_tokens, bool) or int(max_new_tokens) != max_new_tokens \
             or max_new_tokens < 1:
@@ -303,48 +406,72 @@ def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: i
     return _compiled(_Sampler(config, options, int(max_new_tokens),
                               make_strategy(temperature=temperature, top_k=top_k, top_p=top_p),
                               tuple(int(e) for e in eos_ids), int(num_samples), int(pad_id),
-                              mesh))
+                              mesh, layout, bool(max_new_tokens >= COMPACT_MIN_NEW_TOKENS
+                                                 if compact is None else compact)))
 
 
 @functools.lru_cache(maxsize=32)
 def _compiled(sampler: _Sampler) -> GenerateFn:
+    weights = jax.jit(sampler.weights)
     prefill = jax.jit(sampler.prefill)
-    segment = jax.jit(sampler.segment, donate_argnums=1)
-    grow = jax.jit(sampler.grow, static_argnums=1)
-    widths = kv_cache.slot_widths(max(sampler.max_new_tokens - 1, 1))
+    segment = jax.jit(sampler.segment, donate_argnums=1, static_argnums=3)
+    compact = jax.jit(sampler.compact, donate_argnums=0, static_argnums=(3, 4))
+    merge = jax.jit(sampler.merge, donate_argnums=0)
+    n = sampler.max_new_tokens
+    legs = kv_cache.decode_stops(kv_cache.slot_widths(max(n - 1, 1)),
+                                 COMPACT_EVERY if sampler.compaction else 0)
     mesh = sampler.mesh
+    host = sharding.host_array
+    replicated = ((lambda x: x) if mesh is None else
+                  lambda x: sharding.global_array(x, NamedSharding(mesh, P())))
 
-    def decode(params: Any, state: DecodeState) -> DecodeState:
-        """The decode loop in segments of growing row-cache widths (`kv_cache.slot_widths`),
-        one compiled program each, the cache grown between them: a step's attention reads
-        the slots filled so far rounded up to a width, not all max_new_tokens - 1. Once
-        every row is done (one host read per segment) the later segments are skipped."""
-        for i, width in enumerate(widths):
-            if i and bool(jnp.all(state.done)):
-                break
+    def decode(params: Any, state: DecodeState) -> SampleOutput:
+        """The decode loop in legs (`kv_cache.decode_stops`): segments of growing row-cache
+        widths (`kv_cache.slot_widths`), one compiled program per width and row count, the
+        cache grown between them, so a step's attention reads the slots filled so far rounded
+        up to a width, not all max_new_tokens - 1. Between legs (one host read of `done`),
+        finished rows are dropped into a smaller bucket when the active ones fit one; once
+        every row is done the later legs are skipped."""
+        total = state.row_ids.shape[0]
+        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        sizes = kv_cache.bucket_sizes(total, devices if total % devices == 0 else 1)
+        out = None
+        for i, (stop, width) in enumerate(legs):
+            if i:
+                done = host(state.done)
+                if done.all():
+                    break
+                active = np.flatnonzero(~done)
+                m = min(x for x in sizes if x >= len(active))
+                if sampler.compaction and m < len(done):
+                    keep = np.concatenate([active, np.full(m - len(active), -1)])
+                    out, state = compact(out, state, replicated(keep.astype(np.int32)),
+                                         max(width, kv_cache.slots_of(state.cache.rows)), total)
             if width > kv_cache.slots_of(state.cache.rows):
-                state = grow(state, width)
-            state = segment(params, state)
-        return state
+                state = sampler.grow(state, width)
+            state = segment(params, state, replicated(np.int32(stop)), total)
+        if out is None:
+            return SampleOutput(state.tokens, state.lengths, state.logprobs)
+        return merge(out, state)
 
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array) -> SampleOutput:
         if mesh is None:
             prompts = jnp.asarray(prompts, jnp.int32)
             prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
-            final = decode(params, prefill(params, prompts, prompt_lens, rng))
-        else:
-            # Rows split over the batch axes when they divide evenly, else replicated; host
-            # values are the same on every process.
-            split = np.shape(prompts)[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
-            place = lambda x, ndim: sharding.global_array(  # noqa: E731
-                np.asarray(x, np.int32),
-                sharding.batch_sharding(mesh, ndim) if split else NamedSharding(mesh, P()))
-            prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
-            with jax.set_mesh(mesh):
-                final = decode(params, prefill(params, prompts, prompt_lens, rng))
-        return SampleOutput(final.tokens, final.lengths, final.logprobs)
+            w = weights(params) if _casts(params, sampler.options.dtype) else params
+            return decode(w, prefill(w, prompts, prompt_lens, rng))
+        # Rows split over the batch axes when they divide evenly, else replicated; host
+        # values are the same on every process.
+        split = np.shape(prompts)[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
+        place = lambda x, ndim: sharding.global_array(  # noqa: E731
+            np.asarray(x, np.int32),
+            sharding.batch_sharding(mesh, ndim) if split else NamedSharding(mesh, P()))
+        prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
+        with jax.set_mesh(mesh):
+            w = weights(params)
+            return decode(w, prefill(w, prompts, prompt_lens, rng))
 
-    run.prefill, run.decode = prefill, decode
+    run.weights, run.prefill, run.decode = weights, prefill, decode
     return run
 
 

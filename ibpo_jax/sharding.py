@@ -8,7 +8,8 @@ split). A batch is always split over ("data", "fsdp").
 axes of its array (d hidden, n query heads, k key/value heads, g query heads per key/value
 head, h head_dim, f MLP hidden, v vocab, b batch, t positions, s cache slots). `TRAINING` shards
 weights over fsdp x tensor; `SAMPLING` keeps weights whole on each fsdp/data replica (no
-per-token all-gathers while decoding) and splits them only over tensor.
+per-token all-gathers while decoding) and splits them only over tensor; `SAMPLING_FSDP` keeps
+TRAINING's split for weights too big to replicate (see the trade-off at SAMPLING).
 
 Activation constraints (`constrain`) apply only while a mesh is set with `jax.set_mesh(mesh)`
 around the jitted call (what `Qwen3LM` and the sampler do); outside a mesh they are no-ops, so
@@ -76,6 +77,18 @@ TRAINING = ShardingSpec(
     **_ACTIVATIONS,
 )
 
+# The sampler's weights: a copy in the compute dtype made once per rollout
+# (`sampling.compute_weights`), placed by one of two layouts; `SAMPLING_LAYOUTS` names them.
+# - SAMPLING ("replicated"): whole on each data/fsdp replica, split only over tensor. A decode
+#   step reads its weights locally, no collective; each device holds params / tensor (8B in
+#   bf16 on a tensor-free mesh: 16 GB per device).
+# - SAMPLING_FSDP ("fsdp"): split over fsdp x tensor like TRAINING; GSPMD all-gathers each
+#   layer's weights inside every decode step, so a device holds params / (fsdp x tensor) but
+#   every step moves (fsdp - 1) / fsdp of the weights over the interconnect (for 8B bf16 on
+#   fsdp = 8: 14 GB per step, ~30 ms at 450 GB/s NVLink against ~5 ms to read 16 GB of HBM).
+#   For models whose weights do not fit one device beside the cache; otherwise tensor
+#   parallelism (no per-step weight traffic, activations all-reduced instead) is the cheaper
+#   way to split them. `param_bytes_per_device` gives a plan the numbers to choose.
 SAMPLING = ShardingSpec(
     embed_vd=P("tensor", None),
     q_dnh=P(None, "tensor", None),
@@ -87,6 +100,10 @@ SAMPLING = ShardingSpec(
     vector=P(),
     **_ACTIVATIONS,
 )
+
+SAMPLING_FSDP = dataclasses.replace(TRAINING)
+
+SAMPLING_LAYOUTS = {"replicated": SAMPLING, "fsdp": SAMPLING_FSDP}
 
 # Model parameter leaf name -> ShardingSpec field (leaf names are unique in models/qwen3.py).
 PARAM_FIELDS = {
@@ -109,43 +126,158 @@ PARAM_FIELDS = {
 }
 
 
+class MeshError(ValueError):
+    """The mesh axes do not fit the devices; the message names the config keys and a fix."""
+
+
+class DistributedSetupError(RuntimeError):
+    """jax.distributed did not start for the multi-process launch the run asked for."""
+
+
+def _keys(names: Sequence[str], sizes: dict[str, int]) -> str:
+    return " x ".join(f"config.mesh.{n}={sizes[n]}" for n in names)
+
+
+def _fix(sizes: dict[str, int]) -> str:
+    """The override that makes a mesh fit any device count: the largest explicit axis -1
+    (and a -1 axis that was there, 1)."""
+    explicit = [n for n in MESH_AXES if sizes[n] != -1]
+    grow = max(explicit, key=lambda n: sizes[n])
+    fix = f"set config.mesh.{grow}=-1"
+    fill = [n for n in MESH_AXES if sizes[n] == -1]
+    return fix + (f" and config.mesh.{fill[0]}=1" if fill else "")
+
+
 def make_mesh(*, data: int = 1, fsdp: int = 1, tensor: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
 
-    One size may be -1: it takes what the others leave. The product must equal the device
-    count.
+    At most one size may be -1: it takes the devices the others leave (config.mesh's default
+    data=-1 fills any machine). Otherwise the product must equal the device count. A mesh that
+    does not fit raises MeshError in config keys, with the override that fixes it.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [data, fsdp, tensor]
-    if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"make_mesh: sizes must be positive (one may be -1), got {sizes}")
-    if -1 in sizes:
-        known = math.prod(s for s in sizes if s != -1)
-        if len(devices) % known:
-            raise ValueError(f"make_mesh: {len(devices)} devices do not divide by {known}")
-        sizes[sizes.index(-1)] = len(devices) // known
-    if math.prod(sizes) != len(devices):
-        raise ValueError(f"make_mesh: data*fsdp*tensor = {math.prod(sizes)} but there are "
-                         f"{len(devices)} devices")
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3,
-                         devices=devices)
+    sizes = {"data": data, "fsdp": fsdp, "tensor": tensor}
+    bad = [n for n in MESH_AXES if sizes[n] == 0 or sizes[n] < -1]
+    if bad:
+        raise MeshError(f"{_keys(bad, sizes)}: mesh sizes must be -1 or > 0")
+    fill = [n for n in MESH_AXES if sizes[n] == -1]
+    if len(fill) > 1:
+        raise MeshError(f"{_keys(fill, sizes)}: only one mesh axis may be -1 (it takes the "
+                        "devices the others leave); set the others to a size")
+    n = len(devices)
+    explicit = [a for a in MESH_AXES if sizes[a] != -1]
+    known = math.prod(sizes[a] for a in explicit)
+    if fill:
+        if n % known:
+            raise MeshError(f"{_keys(explicit, sizes)} does not divide {n} device(s); "
+                            f"{_fix(sizes)}")
+        sizes[fill[0]] = n // known
+    elif known != n:
+        raise MeshError(f"{_keys(explicit, sizes)} = {known} device(s), but there are {n}; "
+                        f"{_fix(sizes)}")
+    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
-def initialize_distributed(enabled: bool, **kwargs: Any) -> None:
-    """Multi-host start-up: `jax.distributed.initialize(**kwargs)` when `enabled` (once).
+def _count(name: str) -> int:
+    """An environment variable as a process count (0 when unset or not a number)."""
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return 0
+
+
+def _hosts(name: str) -> int:
+    return len([h for h in os.environ.get(name, "").split(",") if h.strip()])
+
+
+def multiprocess_launch() -> str | None:
+    """What in the environment says this process is one of several (e.g. "SLURM_NTASKS=4"),
+    or None: a plain one-process run. The launchers jax.distributed detects by itself (its
+    clusters: SLURM, Open MPI, Cloud TPU) and its own JAX_* variables; nothing here starts
+    jax or asks the network, except on a Cloud TPU VM (its metadata server, as jax does)."""
+    if os.environ.get("JAX_NUM_PROCESSES"):  # explicit: trusted, whatever else is set
+        n = _count("JAX_NUM_PROCESSES")
+        return f"JAX_NUM_PROCESSES={n}" if n > 1 else None
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        return "JAX_COORDINATOR_ADDRESS=" + os.environ["JAX_COORDINATOR_ADDRESS"]
+    # SLURM inside an `srun` step (jax reads these five); the step's tasks, not the job's.
+    if all(v in os.environ for v in ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS",
+                                     "SLURM_PROCID", "SLURM_LOCALID")):
+        var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in os.environ else "SLURM_NTASKS"
+        if _count(var) > 1:
+            return f"{var}={_count(var)}"
+    if _count("OMPI_COMM_WORLD_SIZE") > 1:  # mpirun / mpiexec of Open MPI
+        return f"OMPI_COMM_WORLD_SIZE={_count('OMPI_COMM_WORLD_SIZE')}"
+    for var in ("TPU_PROCESS_ADDRESSES", "TPU_WORKER_HOSTNAMES"):  # GKE TPU slices
+        if var in os.environ:  # jax reads the first one set
+            if _hosts(var) > 1:
+                return f"{var} ({_hosts(var)} hosts)"
+            break
+    if _count("MEGASCALE_NUM_SLICES") > 1:  # TPU multislice
+        return f"MEGASCALE_NUM_SLICES={_count('MEGASCALE_NUM_SLICES')}"
+    workers = _cloud_tpu_workers()
+    return f"Cloud TPU VM metadata ({workers} workers)" if workers > 1 else None
+
+
+def _cloud_tpu_workers() -> int:
+    """Hosts of this Cloud TPU VM's slice per its metadata server (jax's GceTpuCluster reads
+    the same), 0 off a TPU VM (no libtpu, no TPU device files) or when it does not answer."""
+    import glob
+    import importlib.util
+    import urllib.request
+
+    if os.environ.get("TPU_SKIP_MDS_QUERY") is not None or importlib.util.find_spec(
+            "libtpu") is None or not (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
+        return 0
+    host = os.environ.get("GCE_METADATA_IP", "metadata.google.internal")
+    request = urllib.request.Request(
+        f"http://{host}/computeMetadata/v1/instance/attributes/worker-network-endpoints",
+        headers={"Metadata-Flavor": "Google"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return len([w for w in response.read().decode().split(",") if w.strip()])
+    except (OSError, ValueError):
+        return 0
+
+
+def distributed_requested(setting: str | bool) -> bool:
+    """Whether config.train.distributed (auto, true or false) starts jax.distributed here:
+    auto does when `multiprocess_launch()` finds a multi-process launch."""
+    if isinstance(setting, bool):
+        return setting
+    if setting not in ("auto", "true", "false"):
+        raise ValueError(f"distributed setting {setting!r}: expected auto, true or false")
+    return setting == "true" or (setting == "auto" and multiprocess_launch() is not None)
+
+
+def initialize_distributed(setting: str | bool = "auto", **kwargs: Any) -> bool:
+    """Multi-host start-up: `jax.distributed.initialize(**kwargs)` when `setting` asks for it
+    (`distributed_requested`; once); returns whether this is a multi-process run.
 
     Call it first thing in an entry point, before any other jax call. What kwargs leave out
     comes from the cluster (jax's auto-detection: SLURM, Open MPI, Kubernetes, Cloud TPU) or,
     elsewhere, from JAX_COORDINATOR_ADDRESS (host:port), JAX_NUM_PROCESSES and JAX_PROCESS_ID.
-    Nothing in the model assumes one process: meshes span `jax.devices()` (all processes),
-    checkpoints are read per addressable shard and written by process 0 only.
+    A launcher "auto" cannot see (e.g. Kubernetes without those variables) needs
+    config.train.distributed=true. Nothing in the model assumes one process: meshes span
+    `jax.devices()` (all processes), checkpoints are read per addressable shard and written
+    by process 0 only.
     """
-    if enabled and not jax.distributed.is_initialized():
+    if not jax.distributed.is_initialized() and distributed_requested(setting):
         for key, env in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID")):
             if key not in kwargs and os.environ.get(env):
                 kwargs[key] = int(os.environ[env])
-        jax.distributed.initialize(**kwargs)
+        try:
+            jax.distributed.initialize(**kwargs)
+        except (RuntimeError, ValueError) as e:
+            why = multiprocess_launch() or "config.train.distributed=true"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DistributedSetupError(
+                f"jax.distributed.initialize() failed for the multi-process launch ({why}): "
+                f"{first}; set JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID, "
+                "or config.train.distributed=false for one process") from e
+    return jax.distributed.is_initialized()
 
 
 def _axis_size(mesh: Mesh, entry: Any) -> int:
@@ -185,6 +317,25 @@ def param_shardings(params_shape: Any, mesh: Mesh, layout: ShardingSpec = TRAINI
         return NamedSharding(mesh, spec)
 
     return jax.tree_util.tree_map_with_path(one, params_shape)
+
+
+def param_bytes_per_device(params_shape: Any, mesh: Mesh, layout: ShardingSpec,
+                           dtype: Any = None) -> int:
+    """Bytes of a params pytree (arrays or `jax.ShapeDtypeStruct`s) on one device under
+    `layout`; with `dtype`, the matrices counted in it where it is narrower (the sampler's
+    compute-dtype copy, `sampling.compute_weights`; vectors keep theirs)."""
+    narrow = None if dtype is None else np.dtype(dtype)
+
+    def one(path, leaf):
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        spec = param_spec(keys, len(leaf.shape), layout)
+        size = np.dtype(leaf.dtype).itemsize
+        if narrow is not None and PARAM_FIELDS[keys[-1]] != "vector":
+            size = min(size, narrow.itemsize)
+        shards = math.prod(_axis_size(mesh, e) for e in spec)
+        return math.prod(leaf.shape) * size // shards
+
+    return sum(jax.tree.leaves(jax.tree_util.tree_map_with_path(one, params_shape)))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

@@ -12,8 +12,12 @@ layer's view, the functions here take either.
 Decode attention costs time in proportion to the row cache's slot count, so the sampler does
 not allocate all `max_new_tokens` slots up front: it runs its loop in segments of static widths
 (`slot_widths`: 16, 32, 64, ... slots) and pads the cache to the next width between segments
-(`grow`, one copy per segment). A step then reads the slots written so far rounded up to the
-segment's width, not the whole preallocation.
+(`grow_consumed`: one array at a time, each input freed once its copy is made). A step then
+reads the slots written so far rounded up to the segment's width, not the whole preallocation.
+
+Between segments the sampler may also drop finished rows (`take_rows`): the active rows go into
+the smallest of a few fixed row counts (`bucket_sizes`), so later segments run fewer rows;
+`decode_stops` says where the loop pauses for that and `row_steps` counts what it saves.
 
 Axis letters of the shape comments (`qwen3`'s alphabet): L layers, B prompts, R samples per
 prompt, K key/value heads, H head_dim, P prompt positions, C row-cache slots, T positions.
@@ -21,10 +25,12 @@ prompt, K key/value heads, H head_dim, P prompt positions, C row-cache slots, T 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -95,6 +101,91 @@ def grow(rows: Any, slots: int) -> Any:
     if isinstance(rows, RowKV):
         return RowKV(pad(rows.k, -1), pad(rows.v, -2))
     return tuple(grow(r, slots) for r in rows)
+
+
+def take_rows(cache: Any, index: Array, stacked: bool) -> Any:
+    """Rows `index` [M] of a PromptKV or RowKV (stacked [L, ...] or a tuple of L): every
+    array gathered along its row axis."""
+    axis = 1 if stacked else 0
+    return jax.tree.map(lambda a: jnp.take(a, index, axis=axis), cache)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _pad_slots(a: Array, slots: int, axis: int) -> Array:
+    widths = [(0, 0)] * a.ndim
+    widths[axis] = (0, slots - a.shape[axis])
+    return jnp.pad(a, widths)
+
+
+def grow_consumed(rows: Any, slots: int) -> Any:
+    """`grow` that consumes its input: each array (a layer's keys, then its values, ...) is
+    padded by its own program and deleted right after, so growing holds the new cache plus one
+    old array, not two whole caches. (A jit `donate_argnums` cannot do this: XLA aliases a
+    donated buffer only to an output of the same shape, and leaves a bigger one's input
+    alive.) The caller must not use `rows` afterwards."""
+    def one(a: Array, axis: int) -> Array:
+        out = _pad_slots(a, slots, axis % a.ndim)
+        a.delete()  # freed once the pad has read it
+        return out
+
+    if isinstance(rows, RowKV):
+        return RowKV(one(rows.k, -1), one(rows.v, -2))
+    return tuple(grow_consumed(r, slots) for r in rows)
+
+
+def bucket_sizes(rows: int, multiple: int = 1, count: int = 4) -> tuple[int, ...]:
+    """Row counts of a compacted decode batch: `rows`, then halves rounded up to `multiple`
+    (the batch devices, so rows still split evenly), at most `count` sizes: each is a compiled
+    program per segment width, so few sizes bound the recompiles."""
+    sizes = [rows]
+    while len(sizes) < count:
+        half = -(-sizes[-1] // 2)
+        half = -(-half // multiple) * multiple
+        if half >= sizes[-1]:
+            break
+        sizes.append(half)
+    return tuple(sizes)
+
+
+def decode_stops(widths: tuple[int, ...], every: int, min_leg: int = 8
+                 ) -> list[tuple[int, int]]:
+    """(stop, width) of each leg of the decode loop: it runs steps until `stop` with a row
+    cache of `width` slots, then returns to the host (finished rows dropped, cache grown).
+    Legs end at every width and, with `every` > 0, within a width every
+    min(every, max(min_leg, width // 8)) steps: finer where a leg is a large share of the
+    responses' lengths, at most `every` (a host read per leg)."""
+    stops, start = [], 0
+    for width in widths:
+        leg = min(every, max(min_leg, width // 8))
+        edges = range(start + leg, width, leg) if every > 0 else ()
+        stops += [(s, width) for s in edges] + [(width, width)]
+        start = width
+    return stops
+
+
+def row_steps(lengths: Any, max_new_tokens: int, *, compact: bool, every: int = 0,
+              multiple: int = 1, ended: Any = None) -> tuple[int, int]:
+    """(row-steps run, decode steps run) of the sampler's loop for rows of `lengths` [N]
+    (generated tokens; `ended` [N] bool: the last is an EOS, default: length <
+    max_new_tokens), with or without compacting finished rows: the host-side twin of the
+    sampler's schedule, for reporting and planning. A row stays active while it has not
+    emitted its EOS (a row without one: to the last step)."""
+    lengths = np.asarray(lengths)
+    ended = lengths < max_new_tokens if ended is None else np.asarray(ended, bool)
+    last = np.where(ended, lengths - 1, max_new_tokens - 1)  # the step at which it is done
+    n, end = len(lengths), min(int(last.max(initial=0)), max_new_tokens - 1)
+    sizes = bucket_sizes(n, multiple)
+    m, step, total = n, 0, 0
+    widths = slot_widths(max(max_new_tokens - 1, 1))
+    for stop, _ in decode_stops(widths, every if compact else 0):
+        if step >= end:
+            break
+        if compact:
+            active = int(np.sum(last > step))
+            m = min(m, min(s for s in sizes if s >= active))
+        run = min(stop, end) - step
+        total, step = total + m * run, step + run
+    return total, step
 
 
 def write(rows: RowKV, k_new: Array, v_new: Array, layer: Array | None, index: Array

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from ibpo_jax.config import OptimConfig
+from ibpo_jax.sampling import compute_weights
 
 
 class TrainState(NamedTuple):
@@ -48,6 +49,16 @@ def make_optimizer(optim: OptimConfig, *, total_updates: int) -> optax.GradientT
         )
     )
     return optax.chain(*parts)
+
+
+def frozen_reference(params: Any, dtype: Any) -> Any:
+    """The frozen reference policy (π_ref, also PRM+GSPO's base) from the base params: its
+    matrices in the compute `dtype` where that is narrower (`sampling.compute_weights`: the
+    same log-probs, bit for bit, in half the bytes with bf16 compute), every leaf in buffers
+    of its own (the policy's are donated to its updates). Placed like `params`. Not part of
+    a checkpoint (`TrainState`): a run resumed from any checkpoint rebuilds it from the base."""
+    return jax.tree.map(lambda a, b: jnp.copy(b) if a is b else b, params,
+                        compute_weights(params, dtype))
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
