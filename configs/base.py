@@ -85,21 +85,41 @@ SMOKE = {
 
 # The paper's setting (§4.1): lr 1e-6, β 0.01, G 8, λ 0.5, 400 steps, on Qwen3-<size>;
 # --config.task.path=/data/deepscaler.jsonl --config.task.eval_path=/data/math500/test.jsonl.
+# Memory (docs/plan.md, DESIGN §9): remat "full" (each row keeps one layer input per layer for
+# the backward pass), 256-position logit chunks, linear-memory attention (model.attention
+# "auto": cudnn / splash / chunked), parameters and Adam moments sharded over every device
+# (mesh.fsdp=-1), micro-batches and sampler calls sized per model below.
 QWEN3_MATH = {
     "task.name": "math_jsonl", "task.eval_name": "math500", "task.thinking": False,
-    "model.dtype": "bfloat16", "model.param_dtype": "float32", "model.remat": "dots",
-    "model.scan_layers": True, "model.logits_chunk": 1024,
+    "model.dtype": "bfloat16", "model.param_dtype": "float32", "model.remat": "full",
+    "model.scan_layers": True, "model.logits_chunk": 256,
     "rollout.prompts_per_step": 128, "rollout.group_size": 8, "rollout.max_prompt_len": 1024,
     "rollout.max_new_tokens": 8192, "rollout.temperature": 1.0,
-    "reward.num_workers": 16, "optim.lr": 1e-6, "mesh.data": -1,
+    "reward.num_workers": 16, "optim.lr": 1e-6, "mesh.data": 1, "mesh.fsdp": -1,
     "train.steps": 400, "train.eval_every": 50, "train.checkpoint_every": 25,
-    "train.distributed": True,
     "eval.num_prompts": 500, "eval.samples": 8, "eval.temperature": 0.6, "eval.top_p": 0.95,
 }
-# Qwen3 size -> (fsdp, tensor, micro-batches per update): a default mesh for one multi-host
-# slice; override with --config.mesh.fsdp=... to fit your hardware.
-_QWEN3_SIZES = {"0.6b": (8, 1, 2), "1.7b": (8, 1, 4), "4b": (16, 1, 4), "8b": (16, 2, 8),
-                "14b": (16, 4, 8), "32b": (32, 4, 16)}
+# Qwen3 size -> (hardware, devices) each preset is sized for, and (mesh.tensor, micro-batches
+# per update, prompts per sampler call): the plan (`python -m ibpo_jax.plan
+# --config=configs/ibpo_gspo.py:qwen3_<size>_math --hardware=<hardware> --devices=<devices>`)
+# compiles one RL step for it; docs/plan.md has its figures. mesh.fsdp fills the devices.
+#
+# | preset           | hardware            | tensor | micro-batches | sample_chunk |
+# |------------------|---------------------|--------|---------------|--------------|
+# | qwen3_0.6b_math  | 1 x H100 80 GB      | 1      | 64            | 4            |
+# | qwen3_1.7b_math  | 1 x H100 80 GB      | 1      | 128           | 2            |
+# | qwen3_4b_math    | 8 x H100 80 GB      | 1      | 16            | 8            |
+# | qwen3_8b_math    | 8 x H100 80 GB      | 1      | 32            | 8            |
+# | qwen3_14b_math   | 8 x A100 80 GB      | 2      | 128           | 2            |
+# | qwen3_32b_math   | 32 x A100 80 GB     | 4      | 128           | 4            |
+#
+# 32B does not fit 8 x 80 GB: fp32 weights, Adam moments, gradients and their accumulator
+# alone are 16 bytes per parameter, 65 GB per device over 8 (the plan: the update needs 163 GiB
+# per device); 32 x 80 GB is the smallest count planned that fits (docs/plan.md).
+QWEN3_HARDWARE = {"0.6b": ("h100", 1), "1.7b": ("h100", 1), "4b": ("h100", 8),
+                  "8b": ("h100", 8), "14b": ("a100", 8), "32b": ("a100", 32)}
+_QWEN3_SIZES = {"0.6b": (1, 64, 4), "1.7b": (1, 128, 2), "4b": (1, 16, 8), "8b": (1, 32, 8),
+                "14b": (2, 128, 2), "32b": (4, 128, 4)}
 
 # Settings of one algorithm under one preset, applied last. SCoRe on arith_tiny: 50 steps of
 # 32 prompts x G 8 x 2 attempts = 25,600 trajectories (GSPO's 100 steps, Table 1's budget),
@@ -116,9 +136,9 @@ PRESETS = {
     "arith_long": ARITH_LONG,
     "smoke": SMOKE,
     **{f"qwen3_{size}_math": {**QWEN3_MATH, "model.preset": f"qwen3-{size}",
-                              "mesh.fsdp": fsdp, "mesh.tensor": tensor,
-                              "optim.microbatches": microbatches}
-       for size, (fsdp, tensor, microbatches) in _QWEN3_SIZES.items()},
+                              "mesh.tensor": tensor, "optim.microbatches": microbatches,
+                              "rollout.sample_chunk": chunk}
+       for size, (tensor, microbatches, chunk) in _QWEN3_SIZES.items()},
 }
 
 

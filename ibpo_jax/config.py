@@ -109,10 +109,14 @@ class RunConfig(_Section):
                               ">= 2 for a comparison operator")
         # Whole groups per micro-batch ("grouped" and "rows" layouts; cancellation transforms
         # need them); packed rows split the same way.
-        chunks = self.optim.minibatches * self.optim.microbatches
+        # "auto" micro-batches are resolved to a divisor at start-up (ibpo_jax.plan).
+        auto = self.optim.microbatches == "auto"
+        chunks = self.optim.minibatches * (1 if auto else self.optim.microbatches)
         if self.rollout.prompts_per_step % chunks:
+            what = "config.optim.minibatches" if auto else \
+                "config.optim.minibatches x config.optim.microbatches"
             raise ConfigError(
-                f"config.optim.minibatches x config.optim.microbatches = {chunks} must divide "
+                f"{what} = {chunks} must divide "
                 f"config.rollout.prompts_per_step = {self.rollout.prompts_per_step} "
                 "(whole groups)")
         if self.score.enabled and self.ibpo.correction_rollouts:
@@ -213,7 +217,34 @@ def apply_override(cfg: ml_collections.ConfigDict, key: str, raw: str) -> None:
     old = node[leaf]
     if isinstance(old, ml_collections.ConfigDict):
         raise ConfigError(f"config.{key} is a section; set one of its keys: {sorted(old.keys())}")
+    if _takes_str(key) and isinstance(old, (int, str)):  # an int knob that also takes "auto"
+        if raw.strip() == "auto":
+            with node.ignore_type():
+                node[leaf] = "auto"
+            return
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f'config.{key}={raw!r}: expected int or "auto"') from None
+        with node.ignore_type():
+            node[leaf] = value
+        return
     node[leaf] = _parse_like(old, raw, key)
+
+
+def _takes_str(key: str) -> bool:
+    """Whether RunConfig's field at dotted `key` is typed int | str (e.g. "auto")."""
+    import types
+    import typing
+
+    from ibpo_jax.config_sections import _hints
+
+    tp: Any = RunConfig
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in _hints(tp):
+            return False
+        tp = _hints(tp)[part]
+    return isinstance(tp, types.UnionType) and str in typing.get_args(tp)
 
 
 def _parse_like(old: Any, raw: str, key: str) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import types
 import typing
 from typing import Any, ClassVar
 
@@ -31,6 +32,15 @@ def _hints(cls: type) -> dict[str, Any]:
 
 def _typed(value: Any, tp: Any, key: str) -> Any:
     """`value` checked against the field type `tp` (ints widen to float; floats are finite)."""
+    members = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
+    if members:  # e.g. int | str: the first member type that takes the value
+        for member in members:
+            try:
+                return _typed(value, member, key)
+            except ConfigError:
+                pass
+        names = " or ".join(m.__name__ for m in members)
+        raise ConfigError(f"config.{key}={value!r}: expected {names}")
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, tp):
             raise ConfigError(f"config.{key} must be a section ({tp.__name__}), got {value!r}")
@@ -197,6 +207,10 @@ class ModelConfig(_Section):
     """Layer rematerialization: "none", "dots" (keep matmul outputs) or "full"."""
     scan_layers: bool = False
     """Run the decoder layers under `jax.lax.scan` (faster compiles)."""
+    attention: str = "auto"
+    """Attention kernel: "auto" (cudnn on GPU for 16-bit dtypes, splash on TPU, on CPU dense
+    for short rows and chunked for long ones), "cudnn", "splash", "chunked" (blockwise XLA,
+    memory linear in sequence length) or "dense" (the [T, S] scores in one go)."""
     logits_chunk: int = 0
     """> 0: log-probs over chunks of this many positions, so the [rows, T, vocab] float32
     logits never exist whole (large vocabularies); 0 = in one go."""
@@ -212,6 +226,7 @@ class ModelConfig(_Section):
         for name in ("dtype", "param_dtype"):
             self._one_of(name, ("float32", "bfloat16", "float16"))
         self._one_of("remat", ("none", "dots", "full"))  # models.REMAT_POLICIES
+        self._one_of("attention", model_config.ATTENTION_IMPLEMENTATIONS)
         self._nonneg("logits_chunk")
 
 
@@ -232,9 +247,16 @@ class RolloutConfig(_Section):
     """Nucleus sampling mass, in (0, 1]; 1 = off."""
     top_k: int = 0
     """0 = off."""
+    sample_chunk: int = 0
+    """Prompts per sampler call, 0 = all prompts_per_step at once: the KV cache of every row
+    at once (B·G rows of prompt + response tokens) is what long rollouts cannot hold, so they
+    sample the step's prompts a chunk at a time (`python -m ibpo_jax.plan` sizes it)."""
 
     def check(self):
         self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens")
+        self._nonneg("sample_chunk")
+        self._require("sample_chunk", self.prompts_per_step % max(self.sample_chunk, 1) == 0,
+                      f"must divide config.rollout.prompts_per_step={self.prompts_per_step}")
         self._temperature("temperature")
         self._require("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self._nonneg("top_k")
@@ -385,8 +407,10 @@ class OptimConfig(_Section):
     """Passes over each rollout batch (PPO epochs)."""
     minibatches: int = 1
     """Optimizer updates per epoch."""
-    microbatches: int = 1
-    """Gradient-accumulation chunks per minibatch."""
+    microbatches: int | str = 1
+    """Gradient-accumulation chunks per minibatch, or "auto": the smallest count whose update
+    fits the devices' memory, resolved at start-up by `ibpo_jax.plan` (1 at once when a
+    DESIGN §9 estimate of one chunk is far below the memory)."""
     layout: str = "grouped"
     """How the update's model passes see the rollout (same log-probs in each): "grouped",
     each prompt encoded once for its G responses; "packed", rollout rows packed several to a
@@ -398,23 +422,34 @@ class OptimConfig(_Section):
         self._one_of("schedule", ("constant", "cosine"))
         self._unit("b1", open_high=True)
         self._unit("b2", open_high=True)
-        self._positive("epochs", "minibatches", "microbatches")
+        self._positive("epochs", "minibatches")
+        mb = self.microbatches
+        self._require("microbatches", mb == "auto" or (isinstance(mb, int) and mb > 0),
+                      'must be > 0 or "auto"')
         self._one_of("layout", ("grouped", "packed", "rows"))
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig(_Section):
+    """One axis may be -1: it takes the devices the others leave (sharding.make_mesh)."""
+
     KEY = "mesh"
     data: int = -1
-    """-1 = all remaining devices."""
+    """Data parallelism (weights replicated); -1 = the devices the others leave."""
     fsdp: int = 1
-    """Devices the parameters are sharded over (FSDP)."""
+    """Devices the parameters are sharded over (FSDP); -1 = the rest."""
     tensor: int = 1
-    """Devices each matmul is split over (tensor parallelism)."""
+    """Devices each matmul is split over (tensor parallelism); -1 = the rest."""
 
     def check(self):
-        self._require("data", self.data == -1 or self.data > 0, "must be -1 or > 0")
-        self._positive("fsdp", "tensor")
+        for name in ("data", "fsdp", "tensor"):
+            self._require(name, getattr(self, name) == -1 or getattr(self, name) > 0,
+                          "must be -1 or > 0")
+        fill = [f"config.mesh.{n}=-1" for n in ("data", "fsdp", "tensor")
+                if getattr(self, n) == -1]
+        if len(fill) > 1:
+            raise ConfigError(f"{' and '.join(fill)}: only one mesh axis may be -1 (it takes "
+                              "the devices the others leave); set the others to a size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -428,8 +463,10 @@ class TrainLoopConfig(_Section):
     """Checkpoint every this many steps (and at the end)."""
     keep_checkpoints: int = 3
     """Checkpoints kept in the workdir (the latest ones)."""
-    distributed: bool = False
-    """Call jax.distributed.initialize() (multi-host)."""
+    distributed: str = "auto"
+    """Start jax.distributed (multi-host): "auto" when the environment launched several
+    processes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, an srun of several tasks, Open
+    MPI, a multi-host TPU slice: sharding.multiprocess_launch), "true" or "false"."""
     progress: bool = True
     """Show a progress bar."""
     allow_config_change: bool = False
@@ -438,9 +475,15 @@ class TrainLoopConfig(_Section):
     """Stop once budget_trajectories reaches this many sampled trajectories (DESIGN §6, so
     methods compare at equal budget), evaluating and checkpointing there; 0 = train.steps."""
 
+    def __post_init__(self):
+        if isinstance(self.distributed, bool):  # configs and checkpoints from before "auto"
+            object.__setattr__(self, "distributed", str(self.distributed).lower())
+        super().__post_init__()
+
     def check(self):
         self._positive("steps", "eval_every", "checkpoint_every", "keep_checkpoints")
         self._nonneg("budget")
+        self._one_of("distributed", ("auto", "true", "false"))
 
 
 @dataclasses.dataclass(frozen=True)

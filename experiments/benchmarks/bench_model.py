@@ -17,6 +17,7 @@ be shared). Model FLOPs per trained token: 6 * (matmul weights incl. unembedding
 6 * L * T * N * H (causal attention scores and values, forward + backward).
 
     python experiments/benchmarks/bench_model.py [--sizes tiny,larger] [--trials 5]
+        [--attention auto|dense|chunked|...]   (ModelOptions.attention of our model)
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def decode_attention_time(c: models.Qwen3Config, rows: int, prompt_len: int, ste
     return total
 
 
-def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
+def bench_size(name: str, trials: int, peak: dict[str, float], attention_impl: str) -> dict:
     cfg = SIZES[name]
     torch.manual_seed(0)
     hf_cfg = transformers.Qwen3Config(**cfg, rope_theta=1e6, tie_word_embeddings=False,
@@ -135,7 +136,7 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
     hf = transformers.Qwen3ForCausalLM(hf_cfg)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        m = models.load_hf(tmp)
+        m = models.load_hf(tmp, attention=attention_impl)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg["vocab_size"], (TRAIN_B, TRAIN_T))
     with torch.no_grad():
@@ -224,7 +225,7 @@ def bench_size(name: str, trials: int, peak: dict[str, float]) -> dict:
     floor = decode_matmul_floor(m, SAMPLE_B, steps, trials)
     attn = decode_attention_time(m.config, SAMPLE_B, SAMPLE_P, steps, trials)
     return {
-        "size": name, **cfg,
+        "size": name, **cfg, "attention": attention_impl,
         "logits_max_abs_diff": logits_diff,
         "train_tok_s_hf": train_tokens / t_hf, "train_tok_s_ours": train_tokens / t_jax,
         "train_ratio": t_hf / t_jax,
@@ -251,6 +252,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="tiny,larger")
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--attention", default="auto", choices=attention.IMPLEMENTATIONS,
+                        help="our model's attention kernel (ModelOptions.attention)")
     args = parser.parse_args()
     hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     peak = matmul_gflops()
@@ -260,7 +263,8 @@ def main():
            "torch_threads": torch.get_num_threads(), "matmul_gflops_2048": peak,
            "loadavg_1m_at_start": os.getloadavg()[0]}  # > ~0.5 on 2 cores: shared, noisy
     for name in args.sizes.split(","):
-        print(json.dumps({**env, **bench_size(name, args.trials, peak)}), flush=True)
+        print(json.dumps({**env, **bench_size(name, args.trials, peak, args.attention)}),
+              flush=True)
 
 
 if __name__ == "__main__":

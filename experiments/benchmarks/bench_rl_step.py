@@ -234,15 +234,12 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
         p, r = rollout.prompt.shape[1], rollout.response.shape[1]
         n, t, s = rollout.response.shape[0], r, p + r  # the responses' attention
         prompt_mask = jnp.arange(p)[None] >= (p - rollout.prompt_len)[:, None]
-        allowed = jnp.concatenate([jnp.broadcast_to(prompt_mask[:, None], (n, t, p)),
-                                   jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (n, t, t))],
-                                  axis=-1)
+        attn_mask = attention.grouped_mask(prompt_mask[::g], g, r)
     else:
         tokens, segments, _ = packing.pack(plan, rollout.prompt, rollout.prompt_len,
                                            rollout.response, rollout.response_len)
         (n, t), s = tokens.shape, tokens.shape[1]
-        allowed = (jnp.tril(jnp.ones((t, t), bool))[None]
-                   & (segments[:, :, None] == segments[:, None, :]) & (segments > 0)[:, None, :])
+        attn_mask = attention.causal_mask(segments > 0, segments)
 
     def logp(prm, entropy):
         if grouped:
@@ -264,18 +261,18 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
     kq = jax.random.split(jax.random.key(0), 3)
     q = jax.random.normal(kq[0], (n, c.num_key_value_heads, c.num_groups, t, c.head_dim))
     k, v = (jax.random.normal(kk, (n, c.num_key_value_heads, s, c.head_dim)) for kk in kq[1:])
-    bias = attention.mask_bias(allowed)
+    def attend(q, k, v):  # the kernel the model config picks (model.attention)
+        return attention.self_attention(q, k, v, attn_mask, o.attention)
 
     def attn_sum(q, k, v):
-        return jnp.sum(attention.self_attention(q, k, v, bias))
+        return jnp.sum(attend(q, k, v))
 
     parts = {
         "logprob_pass_with_entropy": (lambda prm: logp(prm, True), (state.params,)),
         "logprob_pass": (lambda prm: logp(prm, False), (state.params,)),
         "fwd_bwd": (jax.grad(masked_sum), (state.params,)),
         "optimizer": (opt_step, (state.params, state.opt_state, state.params)),
-        "attention_one_layer_fwd": (lambda q, k, v: attention.self_attention(q, k, v, bias),
-                                    (q, k, v)),
+        "attention_one_layer_fwd": (attend, (q, k, v)),
         "attention_one_layer_fwd_bwd": (jax.grad(attn_sum, argnums=(0, 1, 2)), (q, k, v)),
     }
     out, cost = {}, {}

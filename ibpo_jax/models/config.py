@@ -169,6 +169,8 @@ QWEN3_PRESETS: dict[str, Qwen3Config] = {
 }
 
 REMAT_POLICIES = ("none", "full", "dots")
+# The kernels of `attention.self_attention` (ModelOptions.attention).
+ATTENTION_IMPLEMENTATIONS = ("auto", "cudnn", "splash", "chunked", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +184,10 @@ class ModelOptions:
     scan_layers: stack layer weights on a leading [L] axis and `lax.scan` over them (compile time
       independent of depth); otherwise a Python loop with weights under `layers_{i}`.
     value_head: a scalar head on the final hidden state (PPO critic / PRM), `values` [B, T].
+    attention: the kernel of whole-sequence attention (`attention.self_attention`): "auto"
+      (cudnn on GPU for 16-bit dtypes, splash on TPU, dense or chunked on CPU by length),
+      "cudnn", "splash", "chunked" (blockwise XLA, memory linear in length) or "dense".
+    attention_block_q, attention_block_kv: the tiles of "chunked" (query rows, keys).
     """
 
     dtype: Any = jnp.float32
@@ -189,6 +195,9 @@ class ModelOptions:
     remat: str = "none"
     scan_layers: bool = False
     value_head: bool = False
+    attention: str = "auto"
+    attention_block_q: int = 512
+    attention_block_kv: int = 512
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):
@@ -198,3 +207,10 @@ class ModelOptions:
             object.__setattr__(self, name, dt)
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"ModelOptions.remat={self.remat!r}; valid: {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ConfigError(f"ModelOptions.attention={self.attention!r}; valid: "
+                              f"{ATTENTION_IMPLEMENTATIONS}")
+        for name in ("attention_block_q", "attention_block_kv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ConfigError(f"ModelOptions.{name} must be a positive int, got {value!r}")

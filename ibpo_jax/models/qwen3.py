@@ -41,7 +41,7 @@ class Context(NamedTuple):
 
     cos: Array  # [B, T, H/2] float32
     sin: Array  # [B, T, H/2] float32
-    bias: Array | None  # [B, T, S] float32: 0 where key s is visible from query t, else -1e30
+    mask: attention.Mask | None  # whole sequences: who sees whom (no [T, S] array)
     prompt_mask: Array | None = None  # [B, P] bool, decode: real (not padding) prompt slots
     slot_mask: Array | None = None  # [C] bool, decode: row-cache slots written, this one too
     index: Array | None = None  # int32 scalar, decode: the slot this step's key/value go to
@@ -166,7 +166,7 @@ class Attention(nn.Module):
 
         prompt: None, or this layer's PromptKV of B = rows / R prompts that row b*R + r
         continues (attended to before the row's own keys); rows: None (the keys are x's own,
-        masked by ctx.bias), or this layer's row cache (T = 1: write, then attend to prompt
+        masked by ctx.mask), or this layer's row cache (T = 1: write, then attend to prompt
         and row cache, masked by ctx.prompt_mask / ctx.slot_mask); `layer` indexes a stacked
         [L, ...] row cache (see `kv_cache.write`)."""
         q, k, v = self.qkv(x, ctx.cos, ctx.sin)  # [B*R, K, G, T, H], [B*R, K, T, H] x2
@@ -182,7 +182,9 @@ class Attention(nn.Module):
                 keys = jnp.concatenate([jnp.repeat(prompt.k.swapaxes(-1, -2), r, axis=0), k],
                                        axis=2)  # [B*R, K, P+T, H]
                 values = jnp.concatenate([jnp.repeat(prompt.v, r, axis=0), v], axis=2)
-            o = attention.self_attention(q, keys, values, ctx.bias)  # [B*R, K, G, T, H]
+            o = attention.self_attention(  # [B*R, K, G, T, H]
+                q, keys, values, ctx.mask, self.options.attention,
+                block_q=self.options.attention_block_q, block_kv=self.options.attention_block_kv)
         return self.out(o.transpose(0, 3, 1, 2, 4)), rows, (k, v)
 
     def out(self, o: Array) -> Array:
@@ -308,13 +310,10 @@ class Qwen3(nn.Module):
         """tokens, positions [B, T] int32, mask [B, T] bool -> final-normed hidden [B, T, D]
         and every layer's (k, v) [B, K, T, H]: one stacked [L, ...] pair when scanned, else a
         tuple of L pairs (dead code unless a prompt cache uses them). With `segments` [B, T]
-        int (packed rows), a token sees only the earlier tokens of its own segment."""
-        t = tokens.shape[1]
-        allowed = jnp.tril(jnp.ones((t, t), dtype=bool))[None] & mask[:, None, :]  # [B, T, S]
-        if segments is not None:
-            allowed &= segments[:, :, None] == segments[:, None, :]
+        int (packed rows), a token sees only the earlier tokens of its own segment. A padding
+        token sees no key (its attention output is 0; callers ignore padding positions)."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        ctx = Context(cos, sin, attention.mask_bias(allowed))
+        ctx = Context(cos, sin, attention.causal_mask(mask, segments))
         x, _, kv = self._layers(self._embed(tokens), ctx)
         return self._final_norm(x), kv
 
@@ -328,15 +327,13 @@ class Qwen3(nn.Module):
         The prompts are encoded once; their keys/values are the responses' prompt cache
         (autodiff sums the R responses' gradients back into the one prompt)."""
         c = self.config
-        (b, p), (br, n) = prompt.shape, response.shape
+        b, (br, n) = prompt.shape[0], response.shape
         r = br // b
         hp, kv = self.encode(prompt, positions_from_mask(prompt_mask), prompt_mask)
         prompt_len = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)  # [B]
         pos_r = jnp.repeat(prompt_len, r)[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B*R, C]
-        sees_prompt = jnp.broadcast_to(jnp.repeat(prompt_mask, r, axis=0)[:, None], (br, n, p))
-        causal = jnp.broadcast_to(jnp.tril(jnp.ones((n, n), dtype=bool))[None], (br, n, n))
-        allowed = jnp.concatenate([sees_prompt, causal], axis=-1)  # [B*R, C, P+C]
-        ctx = Context(*rope_tables(pos_r, c.head_dim, c.rope_theta), attention.mask_bias(allowed))
+        mask = attention.grouped_mask(prompt_mask, r, n)  # keys: the prompt's P, then own C
+        ctx = Context(*rope_tables(pos_r, c.head_dim, c.rope_theta), mask)
         prompt_kv = kv_cache.prompt_cache(kv, self.options.scan_layers)
         xr, _, _ = self._layers(self._embed(response), ctx, prompt=prompt_kv)
         return hp, self._final_norm(xr)

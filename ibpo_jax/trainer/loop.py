@@ -10,6 +10,7 @@ so a run killed at any point and restarted reproduces the uninterrupted run's me
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -25,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import models, sampling, sharding
 from ibpo_jax import rewards as rewards_lib
-from ibpo_jax.config import RunConfig
+from ibpo_jax.config import ConfigError, RunConfig
 from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CharTokenizer
@@ -34,7 +35,7 @@ from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics
-from ibpo_jax.trainer.state import init_state, make_optimizer
+from ibpo_jax.trainer.state import frozen_reference, init_state, make_optimizer
 
 
 def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
@@ -44,7 +45,7 @@ def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
 
     path = cfg.tokenizer.path or cfg.model.checkpoint
     if not path:
-        raise ValueError(f"task {cfg.task.name!r} needs a tokenizer: set config.tokenizer.path "
+        raise ConfigError(f"task {cfg.task.name!r} needs a tokenizer: set config.tokenizer.path "
                          "or config.model.checkpoint (a local HF directory)")
     return hf.load_tokenizer(path, vocab_size=vocab_size)
 
@@ -57,7 +58,7 @@ def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
                                                           a.max_value),
                         data_dir=str(policy.data_dir(cfg) / "tfds"))
     if not path:
-        raise ValueError(f"task {name!r} reads local files: give its path (config.task.path / "
+        raise ConfigError(f"task {name!r} reads local files: give its path (config.task.path / "
                          "config.task.eval_path, or --benchmark=name=path)")
     if isinstance(tokenizer, CharTokenizer):
         return get_task(name, path=path)
@@ -111,6 +112,16 @@ def _summary(first: dict, last: dict, rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def step_functions(spec: step.StepSpec, optimizer: Any, state_shardings: Any
+                   ) -> tuple[Any, Any]:
+    """The step's two jitted programs as the Trainer runs them, (credit, update): the update
+    donates the state and keeps its layouts (`ibpo_jax.plan` compiles these very functions)."""
+    credit_fn = jax.jit(functools.partial(step.credit, spec))
+    update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0,
+                        out_shardings=(state_shardings, None))
+    return credit_fn, update_fn
+
+
 class Trainer:
     """Everything one run holds: tasks, policy and reference, compiled step functions, reward
     pools, data position and train state. `run` drives it; benchmarks call `rl_step` directly."""
@@ -132,10 +143,19 @@ class Trainer:
             (self.workdir / "base.json").write_text(json.dumps(
                 policy.base_identity(cfg, self.tokenizer.vocab_size)) + "\n")
         self.spec = step.StepSpec.from_config(cfg, self.base.config, self.base.options)
+        if cfg.optim.microbatches == "auto":  # the smallest count whose update fits
+            from ibpo_jax import plan
+
+            mb = plan.trainer_microbatches(cfg, self.mesh, log=self.say)
+            self.say(f"optim.microbatches=auto -> {mb}")
+            self.spec = self.spec.with_optim(microbatches=mb)
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)
-        # The policy gets its own buffers: updates donate them, the reference keeps the base's.
-        state = init_state(jax.tree.map(jnp.copy, self.base.params), self.optimizer)
+        # The policy takes the base's buffers (updates donate them); the reference gets its
+        # own, its matrices in the compute dtype (the same log-probs; bf16: half the bytes).
+        ref = frozen_reference(self.base.params, self.base.options.dtype)
+        state = init_state(self.base.params, self.optimizer)
+        self.base = dataclasses.replace(self.base, params=ref)
         # Every leaf on the mesh (optimizer counters replicated), and the update keeps these
         # layouts: a state that came back with other specs would recompile the next step.
         self.state_shardings = jax.tree.map(
@@ -159,14 +179,13 @@ class Trainer:
         self.pack = self.spec.layout == "packed"
         if self.pack:
             rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
-            chunks = cfg.optim.minibatches * cfg.optim.microbatches
+            chunks = cfg.optim.minibatches * self.spec.optim.microbatches
             devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
             self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
         elif self.spec.layout != cfg.optim.layout:  # RunConfig.update_layout decided
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
-        self.credit_fn = jax.jit(functools.partial(step.credit, self.spec))
-        self.update_fn = jax.jit(functools.partial(step.update, self.spec, self.optimizer),
-                                 donate_argnums=0, out_shardings=(self.state_shardings, None))
+        self.credit_fn, self.update_fn = step_functions(self.spec, self.optimizer,
+                                                        self.state_shardings)
         self.seed_key = jax.random.key(cfg.seed)
         self.second = rounds.second_round(cfg)  # corrections or SCoRe's second attempts
         self.prm = prm_reward.maybe(self)  # PRM+GSPO's process reward, fitted in `run`
@@ -219,7 +238,8 @@ class Trainer:
                 task=self.eval_task, tokenizer=self.tokenizer, pool=self.eval_pool,
                 samples=cfg.eval.samples, chunk=chunk, max_prompt_len=cfg.rollout.max_prompt_len,
                 second=functools.partial(rounds.second_attempts, self) if cfg.score.enabled
-                else None)  # SCoRe answers with its second attempt
+                else None,  # SCoRe answers with its second attempt
+                progress=cfg.train.progress)
 
     def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
         """RL step `s` (1-based): updates the state, returns the step's metrics and its rows
@@ -324,8 +344,18 @@ class Trainer:
                    for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
         prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
                                  cfg.rollout.max_prompt_len)
+        n = len(records)
+        chunk = cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
         with jax.set_mesh(self.mesh):
-            out = self.generate(self.state.params, prompts.tokens, prompts.lengths, key)
+            outs = [self.generate(self.state.params, prompts.tokens[i:i + chunk],
+                                  prompts.lengths[i:i + chunk],
+                                  key if chunk == n else jax.random.fold_in(key, i))
+                    for i in range(0, n, chunk)]
+            out = outs[0]
+            if len(outs) > 1:
+                out = sampling.SampleOutput(*(jax.device_put(
+                    jnp.concatenate(parts), sharding.batch_sharding(self.mesh, parts[0].ndim))
+                    for parts in zip(*outs)))
         return records, prompts, out
 
     def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from ibpo_jax import models
-from ibpo_jax.config import RunConfig
+from ibpo_jax.config import ConfigError, RunConfig
 
 
 def model_options(cfg: RunConfig) -> dict[str, Any]:
@@ -31,6 +31,7 @@ def model_options(cfg: RunConfig) -> dict[str, Any]:
         remat=cfg.model.remat,
         scan_layers=cfg.model.scan_layers,
         value_head=cfg.loss.name == "ppo",
+        attention=cfg.model.attention,
     )
 
 
@@ -104,7 +105,7 @@ def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> 
                 log(f"note: {cfg.model.checkpoint} differs from preset {cfg.model.preset}; "
                     "using the checkpoint's config.json")
         if m.config.vocab_size < tokenizer.vocab_size:
-            raise ValueError(f"config.model.checkpoint: vocab_size {m.config.vocab_size} < the "
+            raise ConfigError(f"config.model.checkpoint: vocab_size {m.config.vocab_size} < the "
                              f"tokenizer's {tokenizer.vocab_size}")
         log(f"base policy: {cfg.model.checkpoint}")
         return m

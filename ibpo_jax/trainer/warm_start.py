@@ -22,7 +22,7 @@ import optax
 import tqdm
 
 from ibpo_jax import models
-from ibpo_jax.config import RunConfig
+from ibpo_jax.config import ConfigError, RunConfig
 from ibpo_jax.data import followups
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.trainer import policy, rounds
@@ -38,7 +38,7 @@ def supervised_batches(cfg: RunConfig, task: Any, tokenizer: Any) -> tuple[np.nd
     for i in range(len(records)):
         reference = task.reference_text(records[i])
         if reference is None:
-            raise ValueError(f"warm_start: task {cfg.task.name!r} record {i} has no reference "
+            raise ConfigError(f"warm_start: task {cfg.task.name!r} record {i} has no reference "
                              "solution; disable config.warm_start.enabled or give a checkpoint")
         prompts.append(task.prompt_text(records[i]))
         targets.append(reference)

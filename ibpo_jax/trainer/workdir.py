@@ -99,18 +99,6 @@ class RunLock:
         self.release()
 
 
-def user_errors() -> tuple[type[Exception], ...]:
-    """Errors the entry points print as one line (the traceback only with --debug or
-    IBPO_DEBUG=1): each names its culprit (workdir, config key, checkpoint, FILE:LINE)."""
-    from ibpo_jax.data.files import DataFormatError
-
-    return RunError, DataFormatError, FileNotFoundError
-
-
-def debug_requested(flag: bool = False) -> bool:
-    return flag or os.environ.get("IBPO_DEBUG", "") not in ("", "0")
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 

@@ -100,3 +100,8 @@ def test_options_validation():
         ModelOptions(remat="everything")
     with pytest.raises(ConfigError, match="dtype"):
         ModelOptions(dtype=jnp.int32)
+    assert ModelOptions().attention == "auto"
+    with pytest.raises(ConfigError, match="attention='flash'"):
+        ModelOptions(attention="flash")
+    with pytest.raises(ConfigError, match="attention_block_kv"):
+        ModelOptions(attention_block_kv=0)

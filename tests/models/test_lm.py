@@ -2,6 +2,8 @@
 log-softmax, entropy and torch autograd gradients; chunking, temperature, the value head and
 degenerate inputs."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -168,11 +170,15 @@ def _grouped_batch(rng, prompt_lens, r, p, n, vocab):
     return prompt, np.asarray(prompt_lens, np.int32), resp, resp_len, rows, mask
 
 
-def test_response_logprobs_match_hf_on_whole_rows(gqa2):
+@pytest.mark.parametrize("options", [dict(attention="dense"),
+                                     dict(attention="chunked", attention_block_q=4,
+                                          attention_block_kv=4),
+                                     dict(attention="splash")], ids=lambda o: o["attention"])
+def test_response_logprobs_match_hf_on_whole_rows(gqa2, options):
     """Each prompt encoded once for its R responses: the responses' log-probs equal HF's on
-    the concatenated prompt + response rows."""
+    the concatenated prompt + response rows (every attention kernel that runs on CPU)."""
     hf, path = gqa2
-    m = models.load_hf(path)
+    m = models.load_hf(path, **options)
     prompt, plen, resp, rlen, rows, mask = _grouped_batch(np.random.default_rng(3), (5, 2, 7),
                                                           r=3, p=7, n=6, vocab=128)
     out = models.response_logprobs(m.config, m.options, m.params, jnp.asarray(prompt),
@@ -228,3 +234,29 @@ def test_response_logprobs_bad_shapes_raise():
     prompt, resp = jnp.zeros((2, 3), jnp.int32), jnp.zeros((5, 4), jnp.int32)
     with pytest.raises(ValueError, match="multiple of prompt rows 2"):
         models.response_logprobs(m.config, m.options, m.params, prompt, jnp.full(2, 3), resp)
+
+
+@pytest.mark.parametrize("impl", ["dense", "chunked", "splash"])
+def test_packed_rows_equal_separate_rows(gqa2, impl):
+    """Three sequences packed into one row (with padding between and after) give each the
+    log-probs and entropies it gets alone, in every attention kernel that runs on CPU."""
+    _, path = gqa2
+    blocks = dict(attention_block_q=4, attention_block_kv=4) if impl == "chunked" else {}
+    m = models.load_hf(path, attention=impl, **blocks)
+    rng = np.random.default_rng(5)
+    lengths, gaps = (4, 6, 3), (0, 2, 1)
+    seqs = [rng.integers(1, 128, n) for n in lengths]
+    tokens, segments = [], []
+    for i, (seq, gap) in enumerate(zip(seqs, gaps)):
+        tokens += [0] * gap + list(seq)
+        segments += [0] * gap + [i + 1] * len(seq)
+    tokens, segments = np.asarray([tokens + [0] * 2]), np.asarray([segments + [0] * 2])
+    stats = jax.jit(functools.partial(models.token_logprobs, m.config, m.options,
+                                      return_entropy=True), static_argnames=())
+    packed = stats(m.params, jnp.asarray(tokens), segment_ids=jnp.asarray(segments))
+    for i, seq in enumerate(seqs):
+        alone = stats(m.params, jnp.asarray(seq[None]))
+        where = segments[0] == i + 1
+        np.testing.assert_allclose(packed.logprobs[0][where], alone.logprobs[0], atol=1e-5)
+        np.testing.assert_allclose(packed.entropy[0][where][1:], alone.entropy[0][1:],
+                                   atol=1e-5)

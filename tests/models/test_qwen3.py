@@ -1,6 +1,8 @@
 """The Qwen3 model against HF transformers' Qwen3ForCausalLM (fp32 logits parity), and the
 model options (scan, remat, bf16) against the plain model."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,8 +27,23 @@ def pair(request, tmp_path_factory):
     return hf, models.load_hf(saved(hf, tmp_path_factory.mktemp(request.param)))
 
 
-def test_logits_match_hf_with_left_padding(pair, batch):
+# Every attention kernel that runs on CPU (splash through its Pallas interpreter); chunked with
+# tiles smaller than the rows (T = 9), so that its loops, padding and block skipping run.
+CPU_ATTENTION = {
+    "dense": dict(attention="dense"),
+    "chunked": dict(attention="chunked", attention_block_q=4, attention_block_kv=4),
+    "splash": dict(attention="splash"),
+}
+
+
+def with_attention(m, impl):
+    return dataclasses.replace(m, options=dataclasses.replace(m.options, **CPU_ATTENTION[impl]))
+
+
+@pytest.mark.parametrize("impl", list(CPU_ATTENTION))
+def test_logits_match_hf_with_left_padding(pair, batch, impl):
     hf, m = pair
+    m = with_attention(m, impl)
     tokens, mask = batch
     ours = np.asarray(m(tokens, attention_mask=mask))
     assert ours.dtype == np.float32 and ours.shape == (*tokens.shape, 128)
@@ -34,8 +51,10 @@ def test_logits_match_hf_with_left_padding(pair, batch):
     assert np.abs(ours - hf_logits(hf, tokens, mask))[valid].max() <= 1e-4
 
 
-def test_logits_match_hf_without_mask(pair):
+@pytest.mark.parametrize("impl", ["dense", "chunked"])
+def test_logits_match_hf_without_mask(pair, impl):
     hf, m = pair
+    m = with_attention(m, impl)
     tokens = np.random.default_rng(1).integers(0, 128, (2, 7))
     with torch.no_grad():
         ref = hf(torch.from_numpy(tokens)).logits.numpy()

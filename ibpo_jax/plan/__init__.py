@@ -1,0 +1,332 @@
+"""The plan of one RL step on named hardware: per-device memory, FLOPs and a roofline time.
+
+`python -m ibpo_jax.plan --config=configs/ibpo_gspo.py:PRESET --hardware=NAME [--devices=N]
+[--json] [--config.key=value ...]` (see `__main__`). `plan_json(cfg, hardware, devices)`
+returns the same dict. Every program of one step is compiled from abstract inputs on the
+preset's mesh (`programs.py`); a program's device peak is its compiled peak (arguments +
+outputs - donated + temporaries, `compiled.memory_analysis()`) plus the resident state it does
+not take as an argument (the Adam moments and the reference stay on the device while the
+sampler runs). The step fits when every program's device peak is within the chip's usable HBM.
+
+`optim.microbatches="auto"` resolves to the smallest micro-batch count whose update fits
+(`resolve_microbatches`, also what the trainer calls at start-up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+GIB = 2 ** 30
+FAR = 2.0  # compiled vs DESIGN §9 figures further apart than this factor are printed
+# Programs that take the sampler's bf16 weight copy: XLA:CPU converts it to float32 for its
+# dots (a temporary of twice its bytes) where a GPU/TPU reads bf16 directly.
+SAMPLER_PROGRAMS = ("sampling weights", "prefill", "decode")
+
+
+class PlanError(ValueError):
+    """Hardware, devices or mesh that the plan cannot use; the message is one line."""
+
+
+def _mesh(cfg: Any, devices: int | None) -> Any:
+    import jax
+
+    from ibpo_jax import sharding
+
+    avail = jax.devices()
+    n = devices or len(avail)
+    if n > len(avail):
+        raise PlanError(f"--devices={n}: only {len(avail)} {jax.default_backend()} devices "
+                        "here (on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count="
+                        f"{n} before jax starts, as `python -m ibpo_jax.plan` does)")
+    m = cfg.mesh
+    try:
+        return sharding.make_mesh(data=m.data, fsdp=m.fsdp, tensor=m.tensor,
+                                  devices=avail[:n])
+    except ValueError as e:
+        raise PlanError(f"config.mesh (data={m.data}, fsdp={m.fsdp}, tensor={m.tensor}) on "
+                        f"{n} devices: {e}") from None
+
+
+def microbatch_choices(cfg: Any, batch_devices: int) -> list[int]:
+    """Micro-batch counts the config allows (whole groups per chunk), ascending; those whose
+    micro-batch still spreads over every batch device first in kind (a smaller one leaves
+    devices holding the whole micro-batch, which saves no memory)."""
+    r, o = cfg.rollout, cfg.optim
+    groups = r.prompts_per_step // o.minibatches
+    ok = [m for m in range(1, groups + 1) if groups % m == 0]
+    spread = [m for m in ok if (groups // m) % batch_devices == 0 or
+              (groups // m * r.group_size) % batch_devices == 0]
+    return spread or ok
+
+
+def _capacity(chip: Any) -> int:
+    return chip.usable_hbm
+
+
+def _device_peak(prog: Any, resident: int) -> int:
+    return prog.peak + max(resident - prog.resident_args, 0)
+
+
+def _search_update(cfg: Any, mesh: Any, capacity: int, start: int, *, target: str = "cpu",
+                   log=None) -> tuple[int | None, tuple | None, Any]:
+    """Smallest micro-batch count >= start whose update fits `capacity` per device (binary
+    search over `microbatch_choices`; each probe compiles the update): (count, (program,
+    compiled), setup), or (None, None, setup of the largest count) when none fits."""
+    from ibpo_jax.plan import programs
+
+    choices = [m for m in microbatch_choices(cfg, mesh.shape["data"] * mesh.shape["fsdp"])
+               if m >= start]
+    if not choices:  # already at the most micro-batches the batch allows
+        return None, None, programs.setup(cfg, mesh, cfg.optim.microbatches
+                                          if cfg.optim.microbatches != "auto" else start,
+                                          target)
+    lo, hi = 0, len(choices) - 1
+    tried = {}
+
+    def probe(i):
+        if i not in tried:
+            s = programs.setup(cfg, mesh, choices[i], target)
+            upd = programs.compile_update(s)
+            peak = _device_peak(upd[0], sum(s.resident.values()))
+            if log:
+                log(f"  update with optim.microbatches={choices[i]}: "
+                    f"{peak / GIB:.2f} GiB per device")
+            tried[i] = (peak <= capacity, upd, s)
+        return tried[i]
+
+    if not probe(0)[0]:
+        if not probe(hi)[0]:
+            return None, None, tried[hi][2]
+        while lo + 1 < hi:  # probe(lo) fails, probe(hi) fits
+            mid = (lo + hi) // 2
+            if probe(mid)[0]:
+                hi = mid
+            else:
+                lo = mid
+        lo = hi
+    best = (choices[lo], tried[lo][1], tried[lo][2])
+    return best
+
+
+def resolve_microbatches(cfg: Any, mesh: Any, capacity: int, *, target: str = "cpu",
+                         log=None) -> int:
+    """optim.microbatches as an int: itself, or for "auto" the smallest count whose update
+    fits `capacity` bytes per device on `mesh` (the largest allowed when none does)."""
+    if cfg.optim.microbatches != "auto":
+        return cfg.optim.microbatches
+    m, _, s = _search_update(cfg, mesh, capacity, 1, target=target, log=log)
+    return m if m is not None else s.microbatches
+
+
+def usable_bytes(device: Any) -> int | None:
+    """The memory a JAX process may plan for on `device`: the allocator's limit where it
+    reports one (GPU, TPU), else the chip table's usable HBM, else None (CPU)."""
+    from ibpo_jax import chips
+
+    stats = getattr(device, "memory_stats", lambda: None)()
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    chip = chips.from_device_kind(getattr(device, "device_kind", ""))
+    return chip.usable_hbm if chip else None
+
+
+def host_capacity(devices: int) -> int:
+    """Per-device share of the host's available memory (CPU runs)."""
+    try:
+        with open("/proc/meminfo") as f:
+            info = dict(line.split(":", 1) for line in f)
+        avail = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return avail // max(devices, 1)
+
+
+def trainer_microbatches(cfg: Any, mesh: Any, *, log=None) -> int:
+    """What the trainer runs for optim.microbatches: the int given, or "auto" resolved on the
+    run's own devices. Cheap for small configs: DESIGN §9's estimate of the update with one
+    micro-batch, when under a quarter of the memory, settles it without compiling."""
+    if cfg.optim.microbatches != "auto":
+        return cfg.optim.microbatches
+    from ibpo_jax.plan import flops as flops_lib
+    from ibpo_jax.plan import programs
+
+    devices = mesh.devices.size
+    capacity = usable_bytes(mesh.devices.flat[0]) or host_capacity(devices)
+    target = mesh.devices.flat[0].platform
+    config, options, _ = programs.model_of(cfg, target)
+    est = _analytic(cfg, config, options, mesh, 1, flops_lib)
+    if est.update_peak + est.kv_cache <= capacity / 4:
+        return 1
+    return resolve_microbatches(cfg, mesh, capacity, target=target, log=log)
+
+
+def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
+              flops_lib: Any) -> Any:
+    import numpy as np
+
+    r, sh = cfg.rollout, mesh.shape
+    pbytes = np.dtype(options.param_dtype).itemsize
+    return flops_lib.analytic(
+        config, n_params=config.num_params(), rows=r.prompts_per_step * r.group_size,
+        prompt=r.max_prompt_len, response=r.max_new_tokens, group=r.group_size,
+        devices=mesh.devices.size, param_shards=sh["fsdp"] * sh["tensor"],
+        sample_shards=sh["tensor"], param_bytes=pbytes,
+        ref_bytes=min(pbytes, np.dtype(options.dtype).itemsize),
+        sample_bytes=np.dtype(options.dtype).itemsize,
+        microbatches=microbatches, remat=options.remat, logits_chunk=cfg.model.logits_chunk,
+        sample_rows=(r.sample_chunk or r.prompts_per_step) * r.group_size)
+
+
+def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
+              only: tuple[str, ...] | None = None) -> dict:
+    """The plan of one RL step of `cfg` on `devices` chips called `hardware` (chips.chip):
+    {fits, hbm_bytes_per_device, peak_bytes_per_device, programs (name -> device peak
+    bytes), flops_per_step, predicted_step_s, devices, hardware, attention, ...; and, when it
+    does not fit, `error` (one line naming the program, the bytes and the knob)}. Raises
+    PlanError (one line) for hardware, devices or mesh it cannot use. `only`: compile just
+    these programs (e.g. ("update", "decode"), for tests); the others count FLOPs only."""
+    import jax
+
+    from ibpo_jax import chips
+    from ibpo_jax.plan import flops as flops_lib
+    from ibpo_jax.plan import programs
+
+    try:
+        chip = chips.chip(hardware)
+    except chips.UnknownChipError as e:
+        raise PlanError(str(e)) from None
+    mesh = _mesh(cfg, devices)
+    programs.LOG, programs.ONLY = log, only
+    n_dev = mesh.devices.size
+    capacity = _capacity(chip)
+    mb, target = cfg.optim.microbatches, chip.platform
+    if mb == "auto":
+        found, upd, s = _search_update(cfg, mesh, capacity, 1, target=target, log=log)
+        mb = found if found is not None else s.microbatches
+    else:
+        s, upd = programs.setup(cfg, mesh, mb, target), None
+    progs = programs.compile_all(s, update=upd)
+    resident = s.resident
+    res_total = sum(resident.values())
+    table, t_total, f_total = [], 0.0, 0.0
+    peak_flops, bw = chip.bf16_flops, chip.hbm_bytes_per_s
+    for p in progs:
+        if only is not None and p.note == "not compiled":
+            continue
+        flops = max(p.count.flops, p.xla_flops)
+        hbm = p.hbm_bytes if p.hbm_bytes is not None else max(p.count.bytes, p.xla_bytes) / n_dev
+        t = max(flops / (n_dev * peak_flops), hbm / bw)
+        table.append({"name": p.name, "argument": p.argument, "output": p.output,
+                      "alias": p.alias, "temp": p.temp, "peak": p.peak,
+                      "device_peak": _device_peak(p, res_total), "runs": p.runs,
+                      "flops_per_run": flops, "xla_cost_analysis_flops": p.xla_flops,
+                      "hbm_bytes_per_run": hbm, "roofline_s_per_run": t,
+                      "bound": "compute" if flops / (n_dev * peak_flops) >= hbm / bw
+                      else "memory", "note": p.note})
+        t_total += p.runs * t
+        f_total += p.runs * flops
+    upcast = jax.default_backend() == "cpu" and chip.platform != "cpu"
+    for row in table:  # XLA:CPU's float32 copy of the bf16 weights (docs/plan.md)
+        copy = 2 * s.sampling_copy if upcast and row["name"] in SAMPLER_PROGRAMS else 0
+        row["cpu_weight_upcast_estimate"] = min(copy, row["temp"])
+    worst = max(table, key=lambda row: row["device_peak"])
+    kv_full = programs.kv_cache_bytes(s, s.cfg.rollout.max_new_tokens)
+    est = _analytic(cfg, s.config, s.options, mesh, mb, flops_lib)
+    out = {
+        "fits": worst["device_peak"] <= capacity,
+        "hardware": chip.name, "devices": n_dev, "mesh": dict(mesh.shape),
+        "backend": jax.default_backend(), "attention": s.attention,
+        "microbatches": mb, "remat": s.options.remat,
+        "sample_chunk": cfg.rollout.sample_chunk or cfg.rollout.prompts_per_step,
+        "hbm_bytes_per_device": capacity, "hbm_total_bytes_per_device": chip.hbm_bytes,
+        "peak_bytes_per_device": worst["device_peak"], "peak_program": worst["name"],
+        "programs": {row["name"]: row["device_peak"] for row in table
+                     if row["name"] != "score"},  # score's memory is the update's
+        "program_details": table,
+        "resident_bytes_per_device": {**resident, "sampling_copy": s.sampling_copy,
+                                      "kv_cache_full": kv_full},
+        "flops_per_step": f_total, "predicted_step_s": t_total,
+        "peak_bytes_per_device_without_cpu_weight_upcast": max(
+            r["device_peak"] - r["cpu_weight_upcast_estimate"] for r in table),
+        "analytic": dataclasses.asdict(est) | {"update_peak": est.update_peak},
+        "notes": notes(s),
+    }
+    out["disagreements"] = disagreements(out, est, table)
+    if not out["fits"]:
+        out["error"] = not_fitting(cfg, mesh, worst, capacity, s, target, log=log)
+    return out
+
+
+def notes(s: Any) -> list[str]:
+    import jax
+
+    ref = {a.dtype.name for a in jax.tree.leaves(s.reference)}
+    out = [f"reference model: {'/'.join(sorted(ref))} leaves, as the trainer holds it "
+           "(trainer.state.frozen_reference: matrices in the compute dtype)",
+           "sampling copy: the sampler's compute-dtype weights (sampling.compute_weights), "
+           "made per rollout; an argument of prefill and decode, counted there"]
+    if jax.default_backend() == "cpu":
+        out.append("compiled by XLA:CPU on simulated devices: its temporaries may hold "
+                   "float32 upcasts of bfloat16 values that a GPU/TPU compile would not "
+                   "(docs/plan.md measures by how much)")
+    return out
+
+
+def disagreements(out: dict, est: Any, table: list[dict]) -> list[str]:
+    """Lines where the compiled figures and DESIGN §9's differ by more than FAR."""
+    rows = {r["name"]: r for r in table}
+    pairs = [("FLOPs per step", out["flops_per_step"], est.flops)]
+    if "update" in rows:
+        pairs.insert(0, ("update peak bytes per device", rows["update"]["device_peak"],
+                         est.update_peak))
+    lines = []
+    for what, compiled, model in pairs:
+        if model > 0 and not 1 / FAR <= compiled / model <= FAR:
+            lines.append(f"{what}: compiled {compiled:.3g}, DESIGN §9 {model:.3g} "
+                         f"({compiled / model:.2f}x)")
+    return lines
+
+
+def not_fitting(cfg: Any, mesh: Any, worst: dict, capacity: int, s: Any, target: str, *,
+                log=None) -> str:
+    """One line: the program that does not fit, bytes needed and available, and a knob that
+    makes it fit: for the update, found by compiling (micro-batches, then remat "full"),
+    else the device count its figures imply; for the sampler's programs, the mesh.tensor
+    that splits its weights enough."""
+    need, name = worst["device_peak"], worst["name"]
+    head = (f"{name} needs {need / GIB:.1f} GiB per device, {capacity / GIB:.1f} GiB "
+            "available")
+    if name in ("update", "score"):
+        m, _, _ = _search_update(cfg, mesh, capacity, s.microbatches + 1, target=target,
+                                 log=log)
+        if m is not None:
+            return f"{head}: set --config.optim.microbatches={m} (or more)"
+        if cfg.model.remat != "full":
+            full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full"))
+            m, _, _ = _search_update(full, mesh, capacity, s.microbatches, target=target,
+                                     log=log)
+            if m is not None:
+                return (f"{head}: set --config.model.remat=full "
+                        f"--config.optim.microbatches={m}")
+    devices, tensor = mesh.devices.size, mesh.shape["tensor"]
+    if name in SAMPLER_PROGRAMS + ("decode: grow cache",):
+        # The sampler's weights are whole on each batch replica: only `tensor` splits them
+        # (with XLA:CPU's float32 copy of them, 3x the copy's bytes in all).
+        upcast = worst.get("cpu_weight_upcast_estimate", 0)
+        weights = s.sampling_copy + upcast
+        rest = need - weights
+        if rest < capacity:
+            t = tensor * -(-weights // (capacity - rest))
+            return (f"{head}: set --config.mesh.tensor={t} (or more; the sampler's weights, "
+                    f"{weights / GIB:.1f} GiB per device, split over it) or a smaller "
+                    "--config.rollout.sample_chunk")
+        return f"{head}: set a smaller --config.rollout.sample_chunk and more mesh.tensor"
+    # What the update holds per device (state, gradients, its micro-batch's rows) shards over
+    # fsdp: about 1/devices.
+    more = -(-devices * need // capacity)
+    more = -(-more // tensor) * tensor
+    return (f"{head}: more devices: about {more} (mesh.fsdp fills them; the update's state, "
+            "gradients and micro-batch rows shard over fsdp)")
+

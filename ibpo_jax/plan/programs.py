@@ -1,0 +1,374 @@
+"""The programs of one RL step, lowered and compiled from abstract inputs (nothing allocated).
+
+Every input is a `jax.ShapeDtypeStruct` with the sharding the trainer gives it: parameters and
+Adam moments in the TRAINING layout (fully sharded over fsdp × tensor), the frozen reference
+as `policy.load_base` loads it, rollout arrays split over the batch axes. The functions lowered
+are the trainer's own: the sampler's `prefill`, its decode-loop `segment` and `grow`
+(`sampling.generate_fn`), `step.credit` (φ) and `step.update` (`loop.step_functions`), and
+`step.prepare_batch` (the reference / old-policy scoring the update starts with) on its own.
+
+Shapes: B prompts per step, G samples per prompt, N = B·G rows, P prompt and R response
+columns, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax import models, sampling, sharding
+from ibpo_jax.config import RunConfig
+from ibpo_jax.models import kv_cache
+from ibpo_jax.plan import flops as flops_lib
+from ibpo_jax.trainer import loop, packing, policy, step
+from ibpo_jax.trainer.state import TrainState, make_optimizer
+
+SDS = jax.ShapeDtypeStruct
+
+
+@dataclasses.dataclass
+class Program:
+    """One compiled program: its per-device memory (bytes) and its cost per run."""
+
+    name: str
+    argument: int
+    output: int
+    alias: int
+    temp: int
+    runs: float  # times per RL step
+    count: flops_lib.Count  # FLOPs / matmul bytes of one run (global, loop-aware)
+    xla_flops: float  # compiled.cost_analysis()'s figure (loop bodies counted once)
+    resident_args: int  # bytes of resident state (params, moments, reference) among its args
+    note: str = ""
+    xla_bytes: float = 0.0  # cost_analysis()'s "bytes accessed" (loop bodies once)
+    hbm_bytes: float | None = None  # per device per run, when known better than count.bytes
+
+    @property
+    def peak(self) -> int:
+        return self.argument + self.output - self.alias + self.temp
+
+
+def model_of(cfg: RunConfig, target: str = "cpu"
+             ) -> tuple[models.Qwen3Config, models.ModelOptions, str]:
+    """(architecture, options, attention note) the trainer would run. Planning for a GPU/TPU
+    `target` platform on CPU devices, its attention kernel (cudnn, splash) compiles as the XLA
+    stand-in `chunked` (same O(T · block) memory): the note says so."""
+    if cfg.model.checkpoint:
+        config = models.Qwen3Config.from_hf(cfg.model.checkpoint)
+    elif cfg.model.preset == "tiny":
+        if cfg.task.name != "arith" or cfg.tokenizer.path:
+            raise ValueError("the plan of a 'tiny' model needs the arith task's char tokenizer "
+                             "(or give config.model.checkpoint)")
+        from ibpo_jax.data.tokenizer import CharTokenizer
+
+        config = policy.architecture(cfg, CharTokenizer().vocab_size)
+    else:
+        config = policy.architecture(cfg, 0)
+    opts = policy.model_options(cfg)
+    note = "dense (the model's only kernel)"
+    fields = {f.name for f in dataclasses.fields(models.ModelOptions)}
+    if "attention" in fields:
+        wanted = getattr(cfg.model, "attention", "auto")
+        opts.setdefault("attention", wanted)
+        note = wanted
+        if target != "cpu" and jax.default_backend() == "cpu" and wanted in (
+                "auto", "cudnn", "splash"):
+            opts["attention"] = "chunked"
+            note = f"chunked (XLA stand-in for {wanted} on simulated CPU devices)"
+    return config, models.make_options(jnp.dtype(cfg.model.dtype), **opts), note
+
+
+def _placed(tree: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda a, s: SDS(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def concrete(tree: Any, mesh: Mesh) -> Any:
+    """Abstract values with their (abstract-mesh) shardings made concrete on `mesh`;
+    leaves without one replicated."""
+    def one(a):
+        spec = getattr(getattr(a, "sharding", None), "spec", None)
+        return SDS(a.shape, a.dtype, sharding=NamedSharding(mesh, spec if spec is not None
+                                                            else P()))
+    return jax.tree.map(one, tree)
+
+
+def outputs(traced: Any, compiled: Any, mesh: Mesh) -> Any:
+    """A program's outputs as abstract values with the shardings its compile chose (what the
+    next program receives); from the trace alone when it was not compiled."""
+    if compiled is None:
+        return concrete(traced.out_info, mesh)
+    return jax.tree.map(lambda a, sh: SDS(a.shape, a.dtype, sharding=sh), traced.out_info,
+                        compiled.output_shardings)
+
+
+def _like_params(tree: Any, params: Any, mesh: Mesh) -> Any:
+    """Optimizer state as abstract values: each leaf that mirrors a parameter (Adam's moments:
+    same dict path, same shape) sharded like it, the rest (counters) replicated; what
+    `optimizer.init` of the placed params gives eagerly (zeros_like keeps the sharding)."""
+    keys = lambda path: tuple(str(k.key) for k in path if hasattr(k, "key"))  # noqa: E731
+    by_path = {keys(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+    def one(path, leaf):
+        p = by_path.get(keys(path))
+        sh = p.sharding if p is not None and p.shape == leaf.shape else NamedSharding(mesh, P())
+        return SDS(leaf.shape, leaf.dtype, sharding=sh)
+
+    return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def device_bytes(tree: Any) -> int:
+    """Bytes one device holds of abstract arrays (their shard shapes)."""
+    total = 0
+    for a in jax.tree.leaves(tree):
+        shape = a.sharding.shard_shape(a.shape) if getattr(a, "sharding", None) else a.shape
+        total += math.prod(shape) * _itemsize(a.dtype)
+    return total
+
+
+def _itemsize(dtype: Any) -> int:
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return 8  # threefry: two uint32
+    return np.dtype(dtype).itemsize
+
+
+LOG = None  # a print-like function for compile progress (set by plan_json)
+ONLY: tuple[str, ...] | None = None  # compile only these programs (tests); None = all
+
+
+def _compile(name: str, traced: Any, runs: float, resident_args: int, note: str = ""
+             ) -> tuple[Program, Any]:
+    if ONLY is not None and name not in ONLY:  # FLOPs still counted, memory left out
+        return Program(name, 0, 0, 0, 0, runs, flops_lib.count_traced(traced), 0.0,
+                       resident_args, "not compiled"), None
+    t0 = time.perf_counter()
+    compiled = traced.lower().compile()
+    if LOG is not None:
+        LOG(f"  compiled {name} in {time.perf_counter() - t0:.0f} s")
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    prog = Program(name, int(mem.argument_size_in_bytes), int(mem.output_size_in_bytes),
+                   int(mem.alias_size_in_bytes), int(mem.temp_size_in_bytes), runs,
+                   flops_lib.count_traced(traced), float(cost.get("flops", 0.0)),
+                   resident_args, note, float(cost.get("bytes accessed", 0.0)))
+    return prog, compiled
+
+
+@dataclasses.dataclass
+class Setup:
+    """Everything abstract one RL step needs, on `mesh`."""
+
+    cfg: RunConfig
+    mesh: Mesh
+    config: models.Qwen3Config
+    options: models.ModelOptions
+    attention: str
+    params: Any  # policy, TRAINING layout, param dtype
+    reference: Any  # the frozen base, as policy.load_base holds it
+    state: TrainState
+    optimizer: Any
+    microbatches: int
+    sampling_copy: int = 0  # per-device bytes of the sampler's weights (set by compile_all)
+
+    @property
+    def resident(self) -> dict[str, int]:
+        """Per-device bytes of what stays on the devices through the step."""
+        return {"params": device_bytes(self.params),
+                "adam": device_bytes(self.state.opt_state),
+                "reference": device_bytes(self.reference)}
+
+
+def _reference(params: Any, options: models.ModelOptions, mesh: Mesh) -> Any:
+    """The frozen reference as the trainer holds it: `state.frozen_reference` (matrices in the
+    compute dtype, placed like the policy) where the trainer has it, else the base policy
+    itself in the param dtype."""
+    from ibpo_jax.trainer import state as state_lib
+
+    make = getattr(state_lib, "frozen_reference", None)
+    if make is None:
+        return params
+    return _like_params(jax.eval_shape(lambda p: make(p, options.dtype), params), params, mesh)
+
+
+def setup(cfg: RunConfig, mesh: Mesh, microbatches: int, target: str = "cpu") -> Setup:
+    config, options, note = model_of(cfg, target)
+    params = models.abstract_params(config, options)
+    params = _placed(params, sharding.param_shardings(params, mesh))
+    reference = _reference(params, options, mesh)
+    optim = dataclasses.replace(cfg.optim, microbatches=microbatches)
+    optimizer = make_optimizer(optim, total_updates=cfg.train.steps * optim.epochs
+                               * optim.minibatches)
+    opt_state = _like_params(jax.eval_shape(optimizer.init, params), params, mesh)
+    state = TrainState(params, opt_state, SDS((), jnp.int32, sharding=NamedSharding(mesh, P())))
+    return Setup(cfg, mesh, config, options, note, params, reference, state, optimizer,
+                 microbatches)
+
+
+def _rollout(s: Setup) -> tuple[step.Rollout, Any, packing.Plan, Any]:
+    """(rollout, key, plan, is_delim): the update's inputs that the sampler and the host make."""
+    r, mesh = s.cfg.rollout, s.mesh
+    n, p, w = r.prompts_per_step * r.group_size, r.max_prompt_len, r.max_new_tokens
+    batch = lambda shape, dtype: SDS(shape, dtype,  # noqa: E731
+                                     sharding=sharding.batch_sharding(mesh, len(shape)))
+    rep = lambda shape, dtype: SDS(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
+    rollout = step.Rollout(
+        prompt=batch((n, p), jnp.int32), prompt_len=batch((n,), jnp.int32),
+        response=batch((n, w), jnp.int32), response_len=batch((n,), jnp.int32),
+        sample_logp=batch((n, w), jnp.float32), reward=batch((n,), jnp.float32),
+        correct=batch((n,), jnp.bool_), ended=batch((n,), jnp.bool_))
+    # "packed": at most N model rows (a row each), partitioned a row at a time.
+    unit = 1 if s.cfg.update_layout == "packed" else r.group_size
+    plan = packing.Plan(rep((n,), jnp.int32), rep((n,), jnp.int32), n, unit)
+    key = rep((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
+    return rollout, key, plan, rep((s.config.vocab_size,), jnp.bool_)
+
+
+def spec_of(s: Setup) -> step.StepSpec:
+    return step.StepSpec.from_config(s.cfg, s.config, s.options).with_optim(
+        microbatches=s.microbatches)
+
+
+def compile_update(s: Setup, credit_out: Any | None = None) -> tuple[Program, Any]:
+    """The update (π_ref / π_old scoring, then epochs × minibatches × micro-batches)."""
+    rollout, key, plan, is_delim = _rollout(s)
+    spec = spec_of(s)
+    state_shardings = jax.tree.map(lambda a: a.sharding, s.state)
+    credit_fn, update_fn = loop.step_functions(spec, s.optimizer, state_shardings)
+    with jax.set_mesh(s.mesh):
+        if credit_out is None:
+            credit_out = concrete(credit_fn.trace(rollout, is_delim).out_info[0], s.mesh)
+        traced = update_fn.trace(s.state, s.reference, rollout, credit_out, key, plan)
+        mb, r = s.microbatches, s.cfg.rollout
+        rows = r.prompts_per_step * r.group_size // mb // s.cfg.optim.minibatches
+        return _compile("update", traced, 1, device_bytes((s.state, s.reference)),
+                        f"{mb} micro-batch{'es' if mb > 1 else ''} of {rows} rows")
+
+
+def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
+    """Every program of one RL step (the update's compile can be passed in: the search for
+    micro-batches already made it)."""
+    mesh, r = s.mesh, s.cfg.rollout
+    rollout, key, plan, is_delim = _rollout(s)
+    spec = spec_of(s)
+    programs = []
+    gen = sampling.generate_fn(s.config, s.options, max_new_tokens=r.max_new_tokens,
+                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                               num_samples=r.group_size, eos_ids=(0,), pad_id=0, mesh=mesh)
+    b = r.sample_chunk or r.prompts_per_step  # prompts per sampler call
+    calls = r.prompts_per_step // b
+    split = b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
+    psh = sharding.batch_sharding if split else (lambda m, nd: NamedSharding(m, P()))
+    prompts = SDS((b, r.max_prompt_len), jnp.int32, sharding=psh(mesh, 2))
+    lens = SDS((b,), jnp.int32, sharding=psh(mesh, 1))
+    with jax.set_mesh(mesh):
+        # The sampler's weights: the compute-dtype copy in its layout, made once per rollout
+        # and an argument of prefill and every decode leg.
+        traced = gen.weights.trace(s.params)
+        prog, compiled = _compile("sampling weights", traced, calls, device_bytes(s.params),
+                                  "the compute-dtype copy decode reads")
+        programs.append(prog)
+        weights = outputs(traced, compiled, mesh)
+        s.sampling_copy = device_bytes(weights)
+        traced = gen.prefill.trace(weights, prompts, lens, key)
+        prog, compiled = _compile("prefill", traced, calls, 0, f"{b} prompts x {r.group_size}")
+        programs.append(prog)
+        state = outputs(traced, compiled, mesh)
+        programs += _decode(s, gen, weights, state, calls)
+        credit_fn = jax.jit(functools.partial(step.credit, spec))
+        traced = credit_fn.trace(rollout, is_delim)
+        prog, compiled = _compile("credit (φ)", traced, 1, 0)
+        programs.append(prog)
+        credit_out = outputs(traced, compiled, mesh)[0]
+        # π_ref / π_old scoring runs inside the update (its memory is the update's): traced
+        # for its FLOPs only.
+        score = jax.jit(functools.partial(step.prepare_batch, spec))
+        traced = score.trace(s.state, s.reference, rollout, credit_out, plan)
+        what = "π_ref" + ("" if spec.single_update else " + π_old")
+        programs.append(Program("score", 0, 0, 0, 0, 0, flops_lib.count_traced(traced), 0.0,
+                                device_bytes((s.state, s.reference)),
+                                f"{what} log-probs; inside the update (FLOPs only)"))
+    programs.append((update or compile_update(s, credit_out))[0])
+    return programs
+
+
+def _segment(gen: Any) -> Any:
+    """The decode leg of a `sampling.generate_fn` function, jitted as the sampler jits it
+    (`sampling._compiled`): its decode loop runs it from the host, so it is no attribute."""
+    segment = getattr(gen, "segment", None)
+    if segment is None:
+        sampler = gen.prefill.__wrapped__.__self__  # the _Sampler whose method was jitted
+        segment = jax.jit(sampler.segment, donate_argnums=1, static_argnums=3)
+    return segment
+
+
+def _grown(state: Any, width: int, mesh: Mesh) -> tuple[Any, int]:
+    """The decode state with its row cache grown to `width` slots, and the per-device bytes
+    the eager growth (`kv_cache.grow_consumed`: one padded array at a time, the old one freed
+    after) holds at its peak: the old state plus the largest new array."""
+    # Padding keeps each array's sharding: only the slot dimension grows.
+    rows = jax.tree.map(lambda a, old: SDS(a.shape, a.dtype, sharding=old.sharding),
+                        jax.eval_shape(lambda r: kv_cache.grow(r, width), state.cache.rows),
+                        state.cache.rows)
+    new = state._replace(cache=state.cache._replace(rows=rows))
+    largest = max(device_bytes(a) for a in jax.tree.leaves(rows))
+    return new, device_bytes(state) + largest
+
+
+def _decode(s: Setup, gen: Any, weights: Any, state: Any, calls: int) -> list[Program]:
+    """The decode loop's legs (`kv_cache.decode_stops`), every row active to the last step
+    (the worst case: compaction drops finished rows, which only lowers these figures): FLOPs
+    per step traced at every width, memory compiled at the widest, with the growth into it."""
+    r, mesh = s.cfg.rollout, s.mesh
+    n = r.max_new_tokens
+    widths = kv_cache.slot_widths(max(n - 1, 1))
+    segment = _segment(gen)
+    total = (r.sample_chunk or r.prompts_per_step) * r.group_size
+    stop = SDS((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    count, hbm, steps, before, out = flops_lib.Count(), 0.0, 0, 0, []
+    for i, width in enumerate(widths):
+        if i:
+            state, held = _grown(state, width, mesh)
+            if i == len(widths) - 1 and (ONLY is None or "decode" in ONLY):
+                out.append(Program("decode: grow cache", held + s.sampling_copy, 0, 0, 0,
+                                   calls * (len(widths) - 1),
+                                   flops_lib.Count(), 0.0, 0,
+                                   f"eager, to {width} slots (from shapes, not compiled)"))
+        seg = segment.trace(weights, state, stop, total)
+        n_steps = min(width, n - 1) - before
+        count.add(flops_lib.count_traced(seg), n_steps)
+        hbm += n_steps * decode_step_bytes(s, width)
+        steps, before = steps + n_steps, before + n_steps
+    prog = _compile("decode", seg, steps * calls, 0,
+                    f"{calls} x {steps} steps (no row ends early), {total} rows, memory at "
+                    f"{widths[-1]} slots")[0]
+    prog.count = flops_lib.Count(count.flops / max(steps, 1), count.bytes / max(steps, 1))
+    prog.hbm_bytes = hbm / max(steps, 1)
+    return out + [prog]
+
+
+def kv_cache_bytes(s: Setup, slots: int) -> float:
+    """Per-device bytes of one sampler call's KV cache with `slots` row slots: prompt part
+    (one per prompt) + row part (one per sample), in the compute dtype."""
+    c, r, mesh = s.config, s.cfg.rollout, s.mesh
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim \
+        * np.dtype(s.options.dtype).itemsize
+    b = r.sample_chunk or r.prompts_per_step  # one sampler call's prompts
+    tokens = b * r.max_prompt_len + b * r.group_size * slots
+    kv_shards = mesh.shape["data"] * mesh.shape["fsdp"] * min(mesh.shape["tensor"],
+                                                              c.num_key_value_heads)
+    return per_token * tokens / kv_shards
+
+
+def decode_step_bytes(s: Setup, slots: float) -> float:
+    """HBM bytes one decode step reads per device: the sampler's weights (its compute-dtype
+    copy, `Setup.sampling_copy`) and the KV cache of `slots` row slots."""
+    return s.sampling_copy + kv_cache_bytes(s, slots)
