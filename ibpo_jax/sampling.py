@@ -454,11 +454,15 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             return SampleOutput(state.tokens, state.lengths, state.logprobs)
         return merge(out, state)
 
-    def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array) -> SampleOutput:
+    def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *,
+            cast: Any = None) -> SampleOutput:
+        # cast: `run.weights(params)` made by the caller, to share one copy between several
+        # calls of one rollout (prompts sampled in chunks).
         if mesh is None:
             prompts = jnp.asarray(prompts, jnp.int32)
             prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
-            w = weights(params) if _casts(params, sampler.options.dtype) else params
+            w = cast if cast is not None else (
+                weights(params) if _casts(params, sampler.options.dtype) else params)
             return decode(w, prefill(w, prompts, prompt_lens, rng))
         # Rows split over the batch axes when they divide evenly, else replicated; host
         # values are the same on every process.
@@ -468,7 +472,7 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             sharding.batch_sharding(mesh, ndim) if split else NamedSharding(mesh, P()))
         prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
         with jax.set_mesh(mesh):
-            w = weights(params)
+            w = cast if cast is not None else weights(params)
             return decode(w, prefill(w, prompts, prompt_lens, rng))
 
     run.weights, run.prefill, run.decode = weights, prefill, decode

@@ -72,9 +72,21 @@ _TINY = (("model.preset", "tiny"), ("model.tiny.hidden_size", "64"),
 
 
 def run_config(tiny: bool, prompts: int, extra: list[tuple[str, str]]) -> config_lib.RunConfig:
+    """The preset on one device with `prompts` prompts per step: the micro-batches keep the
+    preset's rows per micro-batch (the update's shapes), and the prompts are sampled in one
+    call when fewer than the preset's sampler chunk."""
+    preset = config_lib.load(f"{REPO}/{CONFIG}")
+    r, micro = preset.rollout, preset.optim.microbatches
+    chunk = r.sample_chunk if r.sample_chunk and prompts % r.sample_chunk == 0 else 0
+    scaled = []
+    if isinstance(micro, int):
+        rows_per_micro = r.prompts_per_step * r.group_size // (micro * preset.optim.minibatches)
+        per_update = prompts * r.group_size // preset.optim.minibatches
+        scaled.append(("optim.microbatches", str(max(1, per_update // max(1, rows_per_micro)))))
     return config_lib.load(f"{REPO}/{CONFIG}", [*_ONE_DEVICE, *(_TINY if tiny else ()),
                                                 ("rollout.prompts_per_step", str(prompts)),
-                                                *extra])
+                                                ("rollout.sample_chunk", str(chunk)),
+                                                *scaled, *extra])
 
 
 def resolve_chip(kind: str, name: str | None) -> tuple[chips.Chip | None, str]:

@@ -205,12 +205,13 @@ class BenchTrainer(loop.Trainer):
             self.memory[phase] = int(stats["peak_bytes_in_use"])
 
     def _noted(self, phase: str, fn: Any) -> Any:
-        def wrapped(*args: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
             mark = self.counter.mark()
-            out = jax.block_until_ready(fn(*args))
+            out = jax.block_until_ready(fn(*args, **kwargs))
             self._note(phase)
             self.last.setdefault("compiles", {})[phase] = self.counter.since(mark)
             return out
+        wrapped.__dict__.update(getattr(fn, "__dict__", {}))  # e.g. the sampler's `weights`
         return wrapped
 
     def cache_sizes(self) -> dict[str, int]:

@@ -347,9 +347,11 @@ class Trainer:
         n = len(records)
         chunk = cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
         with jax.set_mesh(self.mesh):
+            # One compute-dtype copy of the weights for every chunk of this rollout.
+            cast = self.generate.weights(self.state.params) if chunk < n else None
             outs = [self.generate(self.state.params, prompts.tokens[i:i + chunk],
                                   prompts.lengths[i:i + chunk],
-                                  key if chunk == n else jax.random.fold_in(key, i))
+                                  key if chunk == n else jax.random.fold_in(key, i), cast=cast)
                     for i in range(0, n, chunk)]
             out = outs[0]
             if len(outs) > 1:
