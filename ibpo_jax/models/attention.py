@@ -13,7 +13,8 @@ blockwise; only `dense` ever builds the [T, S] bias.
 - "cudnn": cuDNN flash attention through `jax.nn.dot_product_attention` (`attention_fused`);
 - "splash": the TPU Pallas splash kernel (`attention_fused`);
 - "auto": cudnn on GPU for 16-bit dtypes (chunked for float32, which cuDNN's flash kernel
-  does not take), splash on TPU, and on CPU dense up to T * S = `CPU_DENSE_MAX_TS`, chunked
+  does not take), splash on one TPU chip (chunked under a mesh of several: splash is not
+  wrapped in a shard_map yet), and on CPU dense up to T * S = `CPU_DENSE_MAX_TS`, chunked
   above.
 A query row that sees no key (padding) gives 0 and passes no gradient, in every kernel.
 
@@ -106,7 +107,9 @@ def choose(implementation: str, t: int, s: int, dtype: jnp.dtype, packed: bool) 
         sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
         return "cudnn" if sixteen_bit and not packed else "chunked"
     if platform == "tpu":
-        return "splash"
+        # The Pallas kernel has no partitioning rule: under a mesh of several devices GSPMD
+        # could only run it on gathered inputs, so it needs a shard_map that is not built yet.
+        return "splash" if jax.sharding.get_abstract_mesh().size <= 1 else "chunked"
     return "dense" if t * s <= CPU_DENSE_MAX_TS else "chunked"
 
 

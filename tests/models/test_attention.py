@@ -216,3 +216,16 @@ def test_decode_attention_reads_no_slot_past_the_last_written_one():
                                      gv_nan, jnp.asarray(prompt_mask), jnp.asarray(gen_mask), 4)
     np.testing.assert_allclose(out, _decode_reference(q, pk, pv, gk, gv, prompt_mask,
                                                       gen_mask, r), atol=1e-5)
+
+
+def test_auto_on_tpu_and_gpu_follows_the_platform_and_the_mesh(monkeypatch):
+    """GPU: cuDNN for 16-bit unpacked rows, else chunked; TPU: splash on one chip, chunked under
+    a mesh of several devices (the Pallas kernel has no partitioning rule)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert attention.choose("auto", 64, 64, jnp.bfloat16, False) == "cudnn"
+    assert attention.choose("auto", 64, 64, jnp.float32, False) == "chunked"
+    assert attention.choose("auto", 64, 64, jnp.bfloat16, True) == "chunked"
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    assert attention.choose("auto", 64, 64, jnp.bfloat16, False) == "splash"
+    with jax.set_mesh(jax.make_mesh((2,), ("fsdp",))):  # tests/conftest.py: 8 CPU devices
+        assert attention.choose("auto", 64, 64, jnp.bfloat16, False) == "chunked"
