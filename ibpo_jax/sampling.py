@@ -454,6 +454,13 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             return SampleOutput(state.tokens, state.lengths, state.logprobs)
         return merge(out, state)
 
+    def shared(params: Any) -> Any:
+        """What decode reads: the compute-dtype copy in the sampling layout (no copy of
+        float32 weights without a mesh, where nothing would change)."""
+        if mesh is None and not _casts(params, sampler.options.dtype):
+            return params
+        return weights(params)
+
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *,
             cast: Any = None) -> SampleOutput:
         # cast: `run.weights(params)` made by the caller, to share one copy between several
@@ -461,8 +468,7 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
         if mesh is None:
             prompts = jnp.asarray(prompts, jnp.int32)
             prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
-            w = cast if cast is not None else (
-                weights(params) if _casts(params, sampler.options.dtype) else params)
+            w = cast if cast is not None else shared(params)
             return decode(w, prefill(w, prompts, prompt_lens, rng))
         # Rows split over the batch axes when they divide evenly, else replicated; host
         # values are the same on every process.
@@ -472,10 +478,10 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             sharding.batch_sharding(mesh, ndim) if split else NamedSharding(mesh, P()))
         prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
         with jax.set_mesh(mesh):
-            w = cast if cast is not None else weights(params)
+            w = cast if cast is not None else shared(params)
             return decode(w, prefill(w, prompts, prompt_lens, rng))
 
-    run.weights, run.prefill, run.decode = weights, prefill, decode
+    run.weights, run.shared, run.prefill, run.decode = weights, shared, prefill, decode
     return run
 
 

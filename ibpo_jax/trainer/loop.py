@@ -348,7 +348,7 @@ class Trainer:
         chunk = cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
         with jax.set_mesh(self.mesh):
             # One compute-dtype copy of the weights for every chunk of this rollout.
-            cast = self.generate.weights(self.state.params) if chunk < n else None
+            cast = self.generate.shared(self.state.params) if chunk < n else None
             outs = [self.generate(self.state.params, prompts.tokens[i:i + chunk],
                                   prompts.lengths[i:i + chunk],
                                   key if chunk == n else jax.random.fold_in(key, i), cast=cast)
