@@ -46,7 +46,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Every error an entry point prints as one line: config errors, then the run's own."""
     from ibpo_jax.data.files import DataFormatError
     from ibpo_jax.models.safetensors_io import CheckpointError
-    from ibpo_jax.trainer.workdir import RunError
+    from ibpo_jax.trainer.errors import RunError
 
     errors = [*config_errors(), RunError, DataFormatError, CheckpointError, FileNotFoundError]
     for module, name in (("ibpo_jax.rewards.code", "SandboxUnavailable"),

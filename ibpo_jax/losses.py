@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax.config import LossConfig as LossSpec  # the loss hyperparameters, one dataclass
+from ibpo_jax.numerics import safe_div  # (also losses.safe_div, for the callers of losses)
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 
 LOG_RATIO_CLAMP = 20.0
@@ -55,12 +56,6 @@ class LossOutput(NamedTuple):
     den: jax.Array
     metrics: dict
     weights: jax.Array | None = None  # [B, T] DESIGN §5 w_it (policy losses), stop-gradient
-
-
-def safe_div(num: jax.Array, den: jax.Array) -> jax.Array:
-    """num / den, and 0 where den == 0 (no NaN in values or gradients)."""
-    ok = den != 0
-    return jnp.where(ok, num / jnp.where(ok, den, 1), 0.0)
 
 
 def combine_metrics(a: dict, b: dict) -> dict:

@@ -48,6 +48,15 @@ from ibpo_jax.models import kv_cache
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM
 from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
+from ibpo_jax.strategies import (  # noqa: F401  (re-exported: the sampler's strategy API)
+    Categorical,
+    Greedy,
+    TopK,
+    TopP,
+    inverse_cdf,
+    make_strategy,
+    sample_inverse_cdf,
+)
 
 Array = jax.Array
 
@@ -56,120 +65,6 @@ class SampleOutput(NamedTuple):
     tokens: Array  # [B*R, N] int32, pad_id after each row's length
     lengths: Array  # [B*R] int32, generated tokens including the EOS token
     logprobs: Array  # [B*R, N] float32, 0 past each row's length
-
-
-# ---------------------------------------------------------------- strategies (logits -> token)
-
-
-@dataclasses.dataclass(frozen=True)
-class TopK:
-    """Keeps the k largest logits of each row (ties at the k-th value kept too)."""
-
-    k: int
-
-    def __call__(self, logits: Array) -> Array:
-        kth = jax.lax.top_k(logits, self.k)[0][..., -1:]
-        return jnp.where(logits >= kth, logits, -jnp.inf)
-
-
-@dataclasses.dataclass(frozen=True)
-class TopP:
-    """Nucleus filter: keeps the most probable tokens whose cumulative probability, counted
-    before each token, is below p (so the top token always stays)."""
-
-    p: float
-
-    def __call__(self, logits: Array) -> Array:
-        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        mass_before = jnp.cumsum(probs, axis=-1) - probs
-        n_keep = jnp.sum(mass_before < self.p, axis=-1, keepdims=True)
-        threshold = jnp.take_along_axis(sorted_logits, n_keep - 1, axis=-1)
-        return jnp.where(logits >= threshold, logits, -jnp.inf)
-
-
-@dataclasses.dataclass(frozen=True)
-class Greedy:
-    """argmax; log-probs of the untempered model distribution."""
-
-    def __call__(self, logits: Array, rng: Array) -> tuple[Array, Array]:
-        del rng
-        tokens = jnp.argmax(logits, axis=-1)
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-
-
-_BLOCK = 128  # vocabulary block of the two-level inverse-CDF sampler
-
-
-def sample_inverse_cdf(x: Array, rng: Array) -> tuple[Array, Array]:
-    """Samples one token per row from softmax(x) ([B, V] float32, -inf allowed) and returns
-    (tokens [B], log-probs [B]).
-
-    Inverse-CDF with one uniform per row, in two levels (a block of `_BLOCK` tokens from the
-    block masses, then a token inside it): exact up to float32 rounding of the partial sums,
-    and on CPU ~10x cheaper than Gumbel-max, which needs V random numbers per row.
-    """
-    return inverse_cdf(x, jax.random.uniform(rng, (x.shape[0], 1)))
-
-
-def inverse_cdf(x: Array, uniform: Array) -> tuple[Array, Array]:
-    """The token where the cumulative probability of softmax(x) first reaches 1 - uniform:
-    x [B, V], uniform [B, 1] in [0, 1). Never returns a zero-mass token, even where the float32
-    partial sums of the two levels disagree by rounding."""
-    b, v = x.shape
-    n = -(-v // _BLOCK)
-    top = jnp.max(x, axis=-1, keepdims=True)
-    p = jnp.pad(jnp.exp(x - top), ((0, 0), (0, n * _BLOCK - v))).reshape(b, n, _BLOCK)
-    block_mass = jnp.sum(p, axis=-1)  # [B, n]
-    block_cdf = jnp.cumsum(block_mass, axis=-1)
-    total = block_cdf[:, -1:]
-    u = (1.0 - uniform) * total  # in (0, total]
-    # u > 0 skips leading zero-mass blocks; a block whose cdf rises has mass > 0.
-    blk = jnp.minimum(jnp.sum(block_cdf < u, axis=-1), n - 1)  # [B]
-    before = (jnp.take_along_axis(block_cdf, blk[:, None], axis=1)
-              - jnp.take_along_axis(block_mass, blk[:, None], axis=1))
-    row_cdf = jnp.cumsum(jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0], axis=-1)
-    # Clipped into (0, block mass]: `before` can exceed the previous block's cdf by rounding,
-    # and u - before <= 0 would pick the block's first token whatever its mass.
-    u_in = jnp.clip(u - before, jnp.finfo(jnp.float32).tiny, row_cdf[:, -1:])
-    within = jnp.minimum(jnp.sum(row_cdf < u_in, axis=-1), _BLOCK - 1)
-    tokens = blk * _BLOCK + within
-    logp = (jnp.take_along_axis(x, tokens[:, None], axis=-1) - top - jnp.log(total))[:, 0]
-    return tokens, logp
-
-
-@dataclasses.dataclass(frozen=True)
-class Categorical:
-    """Samples from softmax(filters(logits / temperature))."""
-
-    temperature: float
-    filters: tuple[Callable[[Array], Array], ...] = ()
-
-    def __call__(self, logits: Array, rng: Array) -> tuple[Array, Array]:
-        return self.sample(logits, jax.random.uniform(rng, (logits.shape[0], 1)))
-
-    def sample(self, logits: Array, uniform: Array) -> tuple[Array, Array]:
-        """logits [B, V], uniform [B, 1] in [0, 1) -> (tokens [B], log-probs [B])."""
-        x = logits / self.temperature
-        for f in self.filters:
-            x = f(x)
-        return inverse_cdf(x, uniform)
-
-
-def make_strategy(*, temperature: float, top_k: int = 0, top_p: float = 1.0
-                  ) -> Greedy | Categorical:
-    """temperature 0 -> Greedy; else Categorical with TopK (k > 0) and TopP (p < 1)."""
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if isinstance(top_k, bool) or int(top_k) != top_k or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 = off), got {top_k}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature == 0:
-        return Greedy()
-    filters = ((TopK(int(top_k)),) if top_k else ()) + ((TopP(float(top_p)),) if top_p < 1 else ())
-    return Categorical(float(temperature), filters)
 
 
 # ---------------------------------------------------------------- weights
@@ -410,56 +305,70 @@ def generate_fn(config: Qwen3Config, options: ModelOptions, *, max_new_tokens: i
                                                  if compact is None else compact)))
 
 
+class _Programs(NamedTuple):
+    """The sampler's jitted programs (one compilation per shape: width, row count)."""
+
+    weights: Callable
+    prefill: Callable
+    segment: Callable
+    compact: Callable
+    merge: Callable
+
+
+def _replicated(mesh: Mesh | None, x: Any) -> Any:
+    return x if mesh is None else sharding.global_array(x, NamedSharding(mesh, P()))
+
+
+def _decode(sampler: _Sampler, progs: _Programs, params: Any, state: DecodeState
+            ) -> SampleOutput:
+    """The decode loop in legs (`kv_cache.decode_stops`): segments of growing row-cache
+    widths (`kv_cache.slot_widths`), one compiled program per width and row count, the
+    cache grown between them, so a step's attention reads the slots filled so far rounded
+    up to a width, not all max_new_tokens - 1. Between legs (one host read of `done`),
+    finished rows are dropped into a smaller bucket when the active ones fit one; once
+    every row is done the later legs are skipped."""
+    mesh = sampler.mesh
+    legs = kv_cache.decode_stops(kv_cache.slot_widths(max(sampler.max_new_tokens - 1, 1)),
+                                 COMPACT_EVERY if sampler.compaction else 0)
+    total = state.row_ids.shape[0]
+    devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+    sizes = kv_cache.bucket_sizes(total, devices if total % devices == 0 else 1)
+    out = None
+    for i, (stop, width) in enumerate(legs):
+        if i:
+            done = sharding.host_array(state.done)
+            if done.all():
+                break
+            active = np.flatnonzero(~done)
+            m = min(x for x in sizes if x >= len(active))
+            if sampler.compaction and m < len(done):
+                keep = np.concatenate([active, np.full(m - len(active), -1)])
+                out, state = progs.compact(out, state, _replicated(mesh, keep.astype(np.int32)),
+                                           max(width, kv_cache.slots_of(state.cache.rows)), total)
+        if width > kv_cache.slots_of(state.cache.rows):
+            state = sampler.grow(state, width)
+        state = progs.segment(params, state, _replicated(mesh, np.int32(stop)), total)
+    if out is None:
+        return SampleOutput(state.tokens, state.lengths, state.logprobs)
+    return progs.merge(out, state)
+
+
 @functools.lru_cache(maxsize=32)
 def _compiled(sampler: _Sampler) -> GenerateFn:
-    weights = jax.jit(sampler.weights)
-    prefill = jax.jit(sampler.prefill)
-    segment = jax.jit(sampler.segment, donate_argnums=1, static_argnums=3)
-    compact = jax.jit(sampler.compact, donate_argnums=0, static_argnums=(3, 4))
-    merge = jax.jit(sampler.merge, donate_argnums=0)
-    n = sampler.max_new_tokens
-    legs = kv_cache.decode_stops(kv_cache.slot_widths(max(n - 1, 1)),
-                                 COMPACT_EVERY if sampler.compaction else 0)
+    progs = _Programs(
+        weights=jax.jit(sampler.weights), prefill=jax.jit(sampler.prefill),
+        segment=jax.jit(sampler.segment, donate_argnums=1, static_argnums=3),
+        compact=jax.jit(sampler.compact, donate_argnums=0, static_argnums=(3, 4)),
+        merge=jax.jit(sampler.merge, donate_argnums=0))
     mesh = sampler.mesh
-    host = sharding.host_array
-    replicated = ((lambda x: x) if mesh is None else
-                  lambda x: sharding.global_array(x, NamedSharding(mesh, P())))
-
-    def decode(params: Any, state: DecodeState) -> SampleOutput:
-        """The decode loop in legs (`kv_cache.decode_stops`): segments of growing row-cache
-        widths (`kv_cache.slot_widths`), one compiled program per width and row count, the
-        cache grown between them, so a step's attention reads the slots filled so far rounded
-        up to a width, not all max_new_tokens - 1. Between legs (one host read of `done`),
-        finished rows are dropped into a smaller bucket when the active ones fit one; once
-        every row is done the later legs are skipped."""
-        total = state.row_ids.shape[0]
-        devices = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-        sizes = kv_cache.bucket_sizes(total, devices if total % devices == 0 else 1)
-        out = None
-        for i, (stop, width) in enumerate(legs):
-            if i:
-                done = host(state.done)
-                if done.all():
-                    break
-                active = np.flatnonzero(~done)
-                m = min(x for x in sizes if x >= len(active))
-                if sampler.compaction and m < len(done):
-                    keep = np.concatenate([active, np.full(m - len(active), -1)])
-                    out, state = compact(out, state, replicated(keep.astype(np.int32)),
-                                         max(width, kv_cache.slots_of(state.cache.rows)), total)
-            if width > kv_cache.slots_of(state.cache.rows):
-                state = sampler.grow(state, width)
-            state = segment(params, state, replicated(np.int32(stop)), total)
-        if out is None:
-            return SampleOutput(state.tokens, state.lengths, state.logprobs)
-        return merge(out, state)
+    decode = functools.partial(_decode, sampler, progs)
 
     def shared(params: Any) -> Any:
         """What decode reads: the compute-dtype copy in the sampling layout (no copy of
         float32 weights without a mesh, where nothing would change)."""
         if mesh is None and not _casts(params, sampler.options.dtype):
             return params
-        return weights(params)
+        return progs.weights(params)
 
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *,
             cast: Any = None) -> SampleOutput:
@@ -469,7 +378,7 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             prompts = jnp.asarray(prompts, jnp.int32)
             prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
             w = cast if cast is not None else shared(params)
-            return decode(w, prefill(w, prompts, prompt_lens, rng))
+            return decode(w, progs.prefill(w, prompts, prompt_lens, rng))
         # Rows split over the batch axes when they divide evenly, else replicated; host
         # values are the same on every process.
         split = np.shape(prompts)[0] % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
@@ -479,9 +388,9 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
         prompts, prompt_lens = place(prompts, 2), place(prompt_lens, 1)
         with jax.set_mesh(mesh):
             w = cast if cast is not None else shared(params)
-            return decode(w, prefill(w, prompts, prompt_lens, rng))
+            return decode(w, progs.prefill(w, prompts, prompt_lens, rng))
 
-    run.weights, run.shared, run.prefill, run.decode = weights, shared, prefill, decode
+    run.weights, run.shared, run.prefill, run.decode = progs.weights, shared, progs.prefill, decode
     return run
 
 

@@ -209,28 +209,9 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
         s, upd = programs.setup(cfg, mesh, mb, target), None
     progs = programs.compile_all(s, update=upd)
     resident = s.resident
-    res_total = sum(resident.values())
-    table, t_total, f_total = [], 0.0, 0.0
-    peak_flops, bw = chip.bf16_flops, chip.hbm_bytes_per_s
-    for p in progs:
-        if only is not None and p.note == "not compiled":
-            continue
-        flops = max(p.count.flops, p.xla_flops)
-        hbm = p.hbm_bytes if p.hbm_bytes is not None else max(p.count.bytes, p.xla_bytes) / n_dev
-        t = max(flops / (n_dev * peak_flops), hbm / bw)
-        table.append({"name": p.name, "argument": p.argument, "output": p.output,
-                      "alias": p.alias, "temp": p.temp, "peak": p.peak,
-                      "device_peak": _device_peak(p, res_total), "runs": p.runs,
-                      "flops_per_run": flops, "xla_cost_analysis_flops": p.xla_flops,
-                      "hbm_bytes_per_run": hbm, "roofline_s_per_run": t,
-                      "bound": "compute" if flops / (n_dev * peak_flops) >= hbm / bw
-                      else "memory", "note": p.note})
-        t_total += p.runs * t
-        f_total += p.runs * flops
-    upcast = jax.default_backend() == "cpu" and chip.platform != "cpu"
-    for row in table:  # XLA:CPU's float32 copy of the bf16 weights (docs/plan.md)
-        copy = 2 * s.sampling_copy if upcast and row["name"] in SAMPLER_PROGRAMS else 0
-        row["cpu_weight_upcast_estimate"] = min(copy, row["temp"])
+    table = _program_table(progs, s, chip, n_dev, sum(resident.values()), only)
+    t_total = sum((row["runs"] * row["roofline_s_per_run"] for row in table), 0.0)
+    f_total = sum((row["runs"] * row["flops_per_run"] for row in table), 0.0)
     worst = max(table, key=lambda row: row["device_peak"])
     kv_full = programs.kv_cache_bytes(s, s.cfg.rollout.max_new_tokens)
     est = _analytic(cfg, s.config, s.options, mesh, mb, flops_lib)
@@ -257,6 +238,34 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     if not out["fits"]:
         out["error"] = not_fitting(cfg, mesh, worst, capacity, s, target, log=log)
     return out
+
+
+def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int,
+                   only: tuple[str, ...] | None) -> list[dict]:
+    """One row per program: its memory (device peak with the resident state), FLOPs, HBM
+    bytes and roofline time per run, and XLA:CPU's estimated float32 weight upcast."""
+    import jax
+
+    table = []
+    peak_flops, bw = chip.bf16_flops, chip.hbm_bytes_per_s
+    upcast = jax.default_backend() == "cpu" and chip.platform != "cpu"
+    for p in progs:
+        if only is not None and p.note == "not compiled":
+            continue
+        flops = max(p.count.flops, p.xla_flops)
+        hbm = p.hbm_bytes if p.hbm_bytes is not None else max(p.count.bytes, p.xla_bytes) / n_dev
+        t = max(flops / (n_dev * peak_flops), hbm / bw)
+        # XLA:CPU's float32 copy of the bf16 weights (docs/plan.md)
+        copy = 2 * s.sampling_copy if upcast and p.name in SAMPLER_PROGRAMS else 0
+        table.append({"name": p.name, "argument": p.argument, "output": p.output,
+                      "alias": p.alias, "temp": p.temp, "peak": p.peak,
+                      "device_peak": _device_peak(p, res_total), "runs": p.runs,
+                      "flops_per_run": flops, "xla_cost_analysis_flops": p.xla_flops,
+                      "hbm_bytes_per_run": hbm, "roofline_s_per_run": t,
+                      "bound": "compute" if flops / (n_dev * peak_flops) >= hbm / bw
+                      else "memory", "note": p.note,
+                      "cpu_weight_upcast_estimate": min(copy, p.temp)})
+    return table
 
 
 def notes(s: Any) -> list[str]:

@@ -4,7 +4,7 @@ Every input is a `jax.ShapeDtypeStruct` with the sharding the trainer gives it: 
 Adam moments in the TRAINING layout (fully sharded over fsdp × tensor), the frozen reference
 as `policy.load_base` loads it, rollout arrays split over the batch axes. The functions lowered
 are the trainer's own: the sampler's `prefill`, its decode-loop `segment` and `grow`
-(`sampling.generate_fn`), `step.credit` (φ) and `step.update` (`loop.step_functions`), and
+(`sampling.generate_fn`), `step.credit` (φ) and `step.update` (`step.step_functions`), and
 `step.prepare_batch` (the reference / old-policy scoring the update starts with) on its own.
 
 Shapes: B prompts per step, G samples per prompt, N = B·G rows, P prompt and R response
@@ -29,7 +29,7 @@ from ibpo_jax import models, sampling, sharding
 from ibpo_jax.config import RunConfig
 from ibpo_jax.models import kv_cache
 from ibpo_jax.plan import flops as flops_lib
-from ibpo_jax.trainer import loop, packing, policy, step
+from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import TrainState, make_optimizer
 
 SDS = jax.ShapeDtypeStruct
@@ -242,7 +242,7 @@ def compile_update(s: Setup, credit_out: Any | None = None) -> tuple[Program, An
     rollout, key, plan, is_delim = _rollout(s)
     spec = spec_of(s)
     state_shardings = jax.tree.map(lambda a: a.sharding, s.state)
-    credit_fn, update_fn = loop.step_functions(spec, s.optimizer, state_shardings)
+    credit_fn, update_fn = step.step_functions(spec, s.optimizer, state_shardings)
     with jax.set_mesh(s.mesh):
         if credit_out is None:
             credit_out = concrete(credit_fn.trace(rollout, is_delim).out_info[0], s.mesh)

@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from ibpo_jax.trainer.workdir import RunError
+from ibpo_jax.trainer.errors import RunError
 
 _SHOWN = 3  # mismatched leaves named in an error
 

@@ -9,16 +9,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from ibpo_jax import advantages, comparison
 from ibpo_jax.registry import ESTIMATORS
-
-if TYPE_CHECKING:
-    from ibpo_jax.trainer.step import StepSpec
+from ibpo_jax.trainer.spec import StepSpec
 
 
 class Rollout(NamedTuple):

@@ -2,8 +2,9 @@
 
 For the embedded `arith` task there is no pretrained checkpoint, so the default config starts
 from a supervised warm start on the task's reference solutions (`warm_start.run`), an HF
-directory keyed by everything that determines it: the presets' bases are committed under
-experiments/warm_starts/; any other is warm-started once and cached, and later runs (any RL
+directory keyed by everything that determines it, looked up along a search path
+(`warm_start.search_path`; by default the bases committed under experiments/warm_starts/, then
+the cache); a base found nowhere is warm-started once into the cache, and later runs (any RL
 seed or algorithm) reuse it. RL then starts from a policy with non-trivial accuracy.
 """
 
@@ -22,6 +23,7 @@ from jax.sharding import Mesh
 
 from ibpo_jax import models
 from ibpo_jax.config import ConfigError, RunConfig
+from ibpo_jax.trainer import warm_start
 
 
 def model_options(cfg: RunConfig) -> dict[str, Any]:
@@ -55,29 +57,50 @@ def data_dir(cfg: RunConfig) -> Path:
 COMMITTED = Path(__file__).resolve().parents[2] / "experiments" / "warm_starts"
 
 
+def cache_dir(cfg: RunConfig) -> Path:
+    """Where a base found nowhere on the search path is warm-started and cached."""
+    return Path(cfg.warm_start.cache_dir) if cfg.warm_start.cache_dir \
+        else data_dir(cfg) / "warm_start"
+
+
+def search_path(cfg: RunConfig) -> list[Path]:
+    """The directories searched for a base, in order: `warm_start.search_path` (os.pathsep-
+    separated; "" = the committed bases, when this checkout has them), then the cache."""
+    if cfg.warm_start.search_path:
+        path = [Path(p).expanduser() for p in cfg.warm_start.search_path.split(os.pathsep) if p]
+        for p in path:
+            if not p.is_dir():
+                raise ConfigError(f"config.warm_start.search_path: {p} is not a directory")
+    else:
+        path = [COMMITTED] if COMMITTED.is_dir() else []
+    return path + [cache_dir(cfg)]
+
+
 def warm_start_dir(cfg: RunConfig, vocab_size: int) -> Path:
-    """Directory of the warm-started base policy, named by a hash of what determines it:
-    under `warm_start.cache_dir` if set, else the committed one if it exists, else under the
-    data dir (where a missing one is warm-started and cached)."""
+    """Directory of the warm-started base policy, named by a hash of what determines it: the
+    first directory of `search_path` that holds it, else (to be warm-started) the cache's."""
     key = json.dumps(
         dict(
             # (max_value only when set: bases cached before it existed keep their keys)
             task=cfg.task.name, arith={k: v for k, v in cfg.to_dict()["task"]["arith"].items()
                                        if k != "max_value" or v != 999},
+            # another procedural task's own section (arith's keys stay as they were)
+            **{k: v for k, v in cfg.to_dict()["task"].items()
+               if k == cfg.task.name and k != "arith" and isinstance(v, dict)},
             arch=architecture(cfg, vocab_size).to_hf_dict(),
             warm_start={k: v for k, v in cfg.to_dict()["warm_start"].items()
-                        if k not in ("enabled", "cache_dir") and (k != "followups" or v)},
+                        if k not in ("enabled", "cache_dir", "search_path")
+                        and (k != "followups" or v)},
             max_prompt_len=cfg.rollout.max_prompt_len, max_new_tokens=cfg.rollout.max_new_tokens,
             dtype=cfg.model.param_dtype,
         ),
         sort_keys=True,
     )
     name = f"{cfg.task.name}_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if cfg.warm_start.cache_dir:
-        return Path(cfg.warm_start.cache_dir) / name
-    if (COMMITTED / name / "config.json").exists():
-        return COMMITTED / name
-    return data_dir(cfg) / "warm_start" / name
+    for directory in search_path(cfg):
+        if (directory / name / "config.json").exists():
+            return directory / name
+    return cache_dir(cfg) / name
 
 
 def base_identity(cfg: RunConfig, vocab_size: int) -> dict[str, str]:
@@ -110,8 +133,6 @@ def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> 
         log(f"base policy: {cfg.model.checkpoint}")
         return m
     if cfg.warm_start.enabled:
-        from ibpo_jax.trainer import warm_start
-
         path = warm_start_dir(cfg, tokenizer.vocab_size)
         if (path / "config.json").exists():
             log(f"base policy: cached warm start {path}")
@@ -120,7 +141,8 @@ def load_base(cfg: RunConfig, *, task: Any, tokenizer: Any, mesh: Mesh, log) -> 
                 f"{cfg.task.name}'s reference solutions ({cfg.warm_start.steps} steps"
                 f"{' + 1/4 on second-round prompts' if cfg.warm_start.followups else ''}) "
                 f"-> {path}")
-            warm_start.run(cfg, task=task, tokenizer=tokenizer, out_dir=path, log=log)
+            warm_start.run(cfg, task=task, tokenizer=tokenizer, out_dir=path, log=log,
+                           arch=architecture(cfg, tokenizer.vocab_size))
         return models.load_hf(path, dtype=dtype, mesh=mesh, **options)
     log("base policy: random initialization (no checkpoint, no warm start)")
     return models.init(architecture(cfg, tokenizer.vocab_size),

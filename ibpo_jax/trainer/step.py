@@ -20,7 +20,6 @@ comparison units, M model rows (packed, or N) of W = P + R columns.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -28,72 +27,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ibpo_jax import advantages, cancellation, config, losses, models
+from ibpo_jax import advantages, cancellation, losses, models
 from ibpo_jax.registry import KL_ESTIMATORS, LOSSES
 from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.credit import Credit, Rollout, credit, response_mask  # noqa: F401  (credit, Credit, Rollout: the step's API)
 from ibpo_jax.trainer.credit import groups as _groups
+from ibpo_jax.trainer.spec import StepSpec  # noqa: F401  (step.StepSpec: the step's API)
 from ibpo_jax.trainer.state import TrainState
-
-
-@dataclasses.dataclass(frozen=True)
-class StepSpec:
-    """Static (hashable) configuration of the jitted step functions: the config sections the
-    step reads, as they are, plus the few values derived from the run."""
-
-    model: models.Qwen3Config
-    options: models.ModelOptions
-    rollout: config.RolloutConfig
-    ibpo: config.IbpoConfig
-    advantage: config.AdvantageConfig
-    loss: losses.LossSpec  # config.loss with the run's loss name and norm_const resolved
-    cancellation: config.CancellationConfig
-    optim: config.OptimConfig
-    diagnostics: config.DiagnosticsConfig
-    layout: str  # RunConfig.update_layout: "grouped", "packed" or "rows" (module docstring)
-    logits_chunk: int  # config.model.logits_chunk
-
-    @classmethod
-    def from_config(cls, cfg: config.RunConfig, model: models.Qwen3Config,
-                    options: models.ModelOptions) -> StepSpec:
-        name = cfg.loss.name
-        if name == "gspo" and cfg.ibpo.credit == "token":
-            name = "gspo_token"  # per-token credit needs GSPO's token form (DESIGN §4)
-        loss = dataclasses.replace(
-            cfg.loss, name=name,
-            norm_const=cfg.loss.norm_const or float(cfg.rollout.max_new_tokens))
-        return cls(model=model, options=options, rollout=cfg.rollout, ibpo=cfg.ibpo,
-                   advantage=cfg.advantage, loss=loss, cancellation=cfg.cancellation,
-                   optim=cfg.optim, diagnostics=cfg.diagnostics, layout=cfg.update_layout,
-                   logits_chunk=cfg.model.logits_chunk)
-
-    def with_optim(self, **changes: Any) -> StepSpec:
-        """This spec with some optim fields changed (e.g. microbatches)."""
-        return dataclasses.replace(self, optim=dataclasses.replace(self.optim, **changes))
-
-    @property
-    def group_size(self) -> int:
-        return self.rollout.group_size
-
-    @property
-    def temperature(self) -> float:
-        """The sampler's temperature (greedy rollouts are scored at 1)."""
-        return self.rollout.temperature or 1.0
-
-    @property
-    def is_ppo(self) -> bool:
-        return self.loss.name == "ppo"
-
-    @property
-    def estimator(self) -> str:
-        """The registry.ESTIMATORS name of the group estimators (DESIGN §3; PPO: GAE)."""
-        return "gae" if self.is_ppo else "grpo_token" if self.ibpo.credit == "token" else "grpo"
-
-    @property
-    def single_update(self) -> bool:
-        """One optimizer update per rollout: π_old is the policy being differentiated."""
-        return self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo
-
 
 # ------------------------------------------------------------------------------ update
 
@@ -437,3 +377,13 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     if spec.cancellation.log_drift:
         metrics.update(_drift_metrics(spec, state.params, batch, plan, old_logp))
     return state._replace(step=state.step + 1), metrics
+
+
+def step_functions(spec: StepSpec, optimizer: optax.GradientTransformation,
+                   state_shardings: Any) -> tuple[Any, Any]:
+    """The step's two jitted programs as the trainer runs them, (credit, update): the update
+    donates the state and keeps its layouts (`ibpo_jax.plan` compiles these very functions)."""
+    credit_fn = jax.jit(functools.partial(credit, spec))
+    update_fn = jax.jit(functools.partial(update, spec, optimizer), donate_argnums=0,
+                        out_shardings=(state_shardings, None))
+    return credit_fn, update_fn

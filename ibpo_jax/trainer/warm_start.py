@@ -25,7 +25,7 @@ from ibpo_jax import models
 from ibpo_jax.config import ConfigError, RunConfig
 from ibpo_jax.data import followups
 from ibpo_jax.data.sampler import IndexSampler
-from ibpo_jax.trainer import policy, rounds
+from ibpo_jax.trainer import rounds
 from ibpo_jax.trainer.batching import encode_supervised
 
 WARM_START_SEED = 0  # the base policy is shared by every RL seed that starts from it
@@ -79,13 +79,15 @@ def followup_batches(cfg: RunConfig, task: Any, tokenizer: Any) -> tuple[np.ndar
                              + rounds.TEMPLATE_ROOM, max_target_len=r.max_new_tokens)
 
 
-def run(cfg: RunConfig, *, task: Any, tokenizer: Any, out_dir: Path, log) -> None:
+def run(cfg: RunConfig, *, task: Any, tokenizer: Any, arch: models.Qwen3Config, out_dir: Path,
+        log) -> None:
+    """Warm-starts a random `arch` on the task's reference solutions into HF directory
+    `out_dir`."""
     ws = cfg.warm_start
     data = [supervised_batches(cfg, task, tokenizer)]
     if ws.followups:  # every 5th step a batch of second-round examples: steps // 4 extra
         data.append(followup_batches(cfg, task, tokenizer))
     total = ws.steps + (ws.steps // 4 if ws.followups else 0)
-    arch = policy.architecture(cfg, tokenizer.vocab_size)
     m = models.init(arch, jax.random.key(WARM_START_SEED), dtype=jnp.dtype(cfg.model.param_dtype))
     schedule = optax.warmup_cosine_decay_schedule(0.0, ws.lr, ws.warmup_steps, total,
                                                   end_value=ws.lr * 0.05)

@@ -12,8 +12,8 @@ stop when the updates have stopped being applied.
 - `StallGuard`: K steps in a row whose updates were all skipped as non-finite stop the run
   (the loop would otherwise go on and export the weights of a run that stopped learning).
 
-Every error here is a `RunError`: one line that names its culprit (workdir, config key,
-checkpoint); the entry points print it without a traceback.
+Every error here is a `RunError` (trainer/errors.py): one line that names its culprit
+(workdir, config key, checkpoint); the entry points print it without a traceback.
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ibpo_jax.trainer.checkpoint import Checkpointer, CheckpointMismatch
+from ibpo_jax.trainer.errors import RunError
+
 LOCK_FILE = "run.lock"
 HISTORY_FILE = "config_history.jsonl"
 # Keys that say where or how a run executes, not what it trains: free to change on resume.
 # (mesh: sharded reductions differ by float rounding only, tests/trainer/test_loop.py.)
 OPERATIONAL_KEYS = frozenset({
     "train.progress", "train.distributed", "train.allow_config_change", "task.data_dir",
-    "warm_start.cache_dir", "reward.num_workers", "mesh.data", "mesh.fsdp", "mesh.tensor",
+    "warm_start.cache_dir", "warm_start.search_path", "reward.num_workers", "mesh.data",
+    "mesh.fsdp", "mesh.tensor",
 })
 MAX_STALLED_STEPS = 3  # consecutive steps with every update skipped before the run stops
 _ABSENT = "<absent>"
-
-
-class RunError(RuntimeError):
-    """A run cannot start or go on; the message is one line naming the culprit."""
 
 
 class WorkdirInUse(RunError):
@@ -166,8 +166,6 @@ def record_config(workdir: Path, cfg: Any, *, step: int | None,
 def check_latest_config(directory: Path, cfg: Any) -> None:
     """Before anything is built: refuses a changed config against the newest checkpoint in
     `directory` whose record reads (`resume` checks again against the one it restores)."""
-    from ibpo_jax.trainer.checkpoint import Checkpointer  # it imports RunError from here
-
     if not directory.is_dir() or not any(directory.iterdir()):
         return
     checkpointer = Checkpointer(directory, read_only=True)
@@ -185,8 +183,6 @@ def resume(checkpointer: Any, cfg: Any, target: Any, workdir: Path, *,
     """(step, state, record) of the newest intact checkpoint, or None for a fresh run; checks
     the config against that checkpoint's and (record=True: the first process) writes the
     config record. A state that does not fit the checkpoint names the changed config keys."""
-    from ibpo_jax.trainer.checkpoint import CheckpointMismatch  # it imports RunError from here
-
     try:
         found = checkpointer.restore_latest(target, log=log)
     except CheckpointMismatch as e:

@@ -1,0 +1,165 @@
+"""The package's import graph has no circles, and the math kernels sit below the config.
+
+Every import counts, at module level or inside a function or an `if TYPE_CHECKING:` block: a
+deferred import hides a circle from the interpreter, not from the design (one module of the
+pair is then in the wrong place). The graph is read from the source with `ast`, nothing is
+imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = "ibpo_jax"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+# Math that must not depend on how runs are configured (DESIGN §2-§3).
+KERNELS = ("ibpo_jax.comparison", "ibpo_jax.advantages", "ibpo_jax.numerics")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
+    """The module an ImportFrom names, relative imports resolved against module `name`."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".")
+    base = base[:len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules `name` imports anywhere in its source: `import a.b` and
+    `from a import b` count as importing a.b when that is a module, else a."""
+    def resolve(target: str) -> str | None:
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(resolve(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, name, path.name == "__init__.py")
+            found.update(resolve(f"{base}.{a.name}") for a in node.names)
+    found.discard(None)
+    found.discard(name)  # `from ibpo_jax.pkg import x` inside pkg/__init__.py names itself
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle (a -> ... -> a) per strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(v: str) -> None:  # Tarjan; the package's depth is far below the recursion limit
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(set(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return [_circle(graph, c) for c in components]
+
+
+def _circle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest path from the component's first module back to itself, inside it."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    return paths[v] + [start]
+                if w not in paths:
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    raise AssertionError(f"{sorted(component)} is not strongly connected")
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> dict[str, str]:
+    """{module: the module that imports it} for every module `start` imports transitively."""
+    parent, todo = {start: ""}, [start]
+    while todo:
+        v = todo.pop()
+        for w in sorted(graph[v]):
+            if w not in parent:
+                parent[w] = v
+                todo.append(w)
+    del parent[start]
+    return parent
+
+
+def _chain(parent: dict[str, str], start: str, end: str) -> str:
+    chain = [end]
+    while chain[-1] != start:
+        chain.append(parent.get(chain[-1]) or start)
+    return " -> ".join(reversed(chain))
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    """Deferred and TYPE_CHECKING imports are edges too (the checks below would pass
+    vacuously if they were not)."""
+    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ibpo_jax import losses\n"
+           "def f():\n    import ibpo_jax.trainer.step\n    from . import comparison\n")
+    known = {"ibpo_jax", "ibpo_jax.losses", "ibpo_jax.trainer", "ibpo_jax.trainer.step",
+             "ibpo_jax.comparison", "ibpo_jax.x"}
+    path = tmp_path / "x.py"
+    path.write_text(src)
+    assert imports_of("ibpo_jax.x", path, known) == {
+        "ibpo_jax.losses", "ibpo_jax.trainer.step", "ibpo_jax.comparison"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    assert len(graph) > 50 and "ibpo_jax.trainer.spec" in graph["ibpo_jax.trainer.credit"]
+    found = cycles(graph)
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_kernels_import_nothing_of_the_config():
+    graph = import_graph()
+    for kernel in KERNELS:
+        below = reachable(graph, kernel)
+        config = sorted(m for m in below if m == "ibpo_jax.config"
+                        or m.startswith(("ibpo_jax.config_", "ibpo_jax.config.")))
+        assert not config, f"{kernel} imports the config: {_chain(below, kernel, config[0])}"
+    assert not graph["ibpo_jax.numerics"], "numerics must be a leaf (jax and numpy only)"
