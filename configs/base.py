@@ -3,32 +3,32 @@
 Each file in ``configs/`` is ``get_config(arg=None)`` choosing an algorithm and calling
 ``make(algo, preset=arg)``. ``arg`` is the preset name given as ``--config=configs/x.py:preset``
 (default ``arith_tiny``). The keys, their defaults, documentation and checks live in one place,
-the dataclasses of ``ibpo_jax/config.py``: the ConfigDict here is generated from
-``RunConfig()``'s defaults, and algorithms and presets are dicts of dotted-key overrides.
+the section dataclasses that ``ibpo_jax/config.py`` assembles (a default that depends on the
+algorithm, such as the clip range of each loss, is resolved by its section): the ConfigDict here
+is generated from ``config.defaults()``, and algorithms and presets are dicts of dotted-key
+overrides.
 """
 
 from __future__ import annotations
 
 import ml_collections
 
-from ibpo_jax.config import RunConfig
-
-_TOKEN_CLIP = {"loss.clip_eps_low": 0.2, "loss.clip_eps_high": 0.2}  # GRPO / PPO (DESIGN §4)
+from ibpo_jax import config
 
 # Algorithm = base optimizer x comparison operator (DESIGN §4: IBPO is any optimizer with φ on).
 ALGOS = {
     "ibpo_gspo": {"loss.name": "gspo", "ibpo.operator": "lcs_first_error"},
     "gspo": {"loss.name": "gspo", "ibpo.operator": "terminal"},
-    "grpo": {"loss.name": "grpo", "ibpo.operator": "terminal", **_TOKEN_CLIP},
-    "ibpo_grpo": {"loss.name": "grpo", "ibpo.operator": "lcs_first_error", **_TOKEN_CLIP},
-    "ppo": {"loss.name": "ppo", "ibpo.operator": "terminal", **_TOKEN_CLIP},
-    "ibpo_ppo": {"loss.name": "ppo", "ibpo.operator": "lcs_first_error", **_TOKEN_CLIP},
+    "grpo": {"loss.name": "grpo", "ibpo.operator": "terminal"},
+    "ibpo_grpo": {"loss.name": "grpo", "ibpo.operator": "lcs_first_error"},
+    "ppo": {"loss.name": "ppo", "ibpo.operator": "terminal"},
+    "ibpo_ppo": {"loss.name": "ppo", "ibpo.operator": "lcs_first_error"},
     # Table 1's other baselines (DESIGN §7): GSPO on R + λ_prm · min_k PRM_k, and GRPO with
     # SCoRe's second attempts.
     "prm_gspo": {"loss.name": "gspo", "ibpo.operator": "terminal", "prm.weight": 0.5},
     # SCoRe's second attempts need a base that reads second-attempt prompts (README).
     "score_grpo": {"loss.name": "grpo", "ibpo.operator": "terminal", "score.enabled": True,
-                   "warm_start.followups": True, **_TOKEN_CLIP},
+                   "warm_start.followups": True},
 }
 
 # Embedded task + tiny Qwen3 on 2 CPU cores: warm start, then RL, in about 10 minutes. The task
@@ -61,6 +61,15 @@ ARITH_LONG = {
     "warm_start.steps": 500,
     "train.steps": 200, "train.eval_every": 50, "train.checkpoint_every": 50,
     "eval.num_prompts": 300,
+}
+
+# The task with many right paths (issue #48, README "The countdown task"): reach a target from
+# 4-6 numbers, each problem with >= 3 distinct solutions, the warm start on a random one per
+# problem (data/countdown.py). Prompts are at most 26 characters, references 45.
+COUNTDOWN = {
+    **ARITH_TINY,
+    "task.name": "countdown", "rollout.max_prompt_len": 32, "rollout.max_new_tokens": 48,
+    "warm_start.steps": 800,
 }
 
 # Seconds-long run for tests: a smaller model and batch, a few steps. The 800-step warm start
@@ -129,11 +138,13 @@ _QWEN3_SIZES = {"0.6b": (1, 64, 4), "1.7b": (1, 128, 2), "4b": (1, 16, 8), "8b":
 _SCORE_TINY = {"train.steps": 50, "score.stage1_steps": 15, "train.eval_every": 25,
                "train.checkpoint_every": 25, "diagnostics.grad_var_every": 0}
 ALGO_PRESETS = {("score_grpo", "arith_tiny"): _SCORE_TINY,
-                ("score_grpo", "arith_long"): _SCORE_TINY}
+                ("score_grpo", "arith_long"): _SCORE_TINY,
+                ("score_grpo", "countdown"): _SCORE_TINY}  # countdown: arith_tiny's budget
 
 PRESETS = {
     "arith_tiny": ARITH_TINY,
     "arith_long": ARITH_LONG,
+    "countdown": COUNTDOWN,
     "smoke": SMOKE,
     **{f"qwen3_{size}_math": {**QWEN3_MATH, "model.preset": f"qwen3-{size}",
                               "mesh.tensor": tensor, "optim.microbatches": microbatches,
@@ -149,7 +160,7 @@ def make(algo: str, preset: str | None = None) -> ml_collections.ConfigDict:
     preset = preset or "arith_tiny"
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; valid: {', '.join(PRESETS)}")
-    c = ml_collections.ConfigDict(RunConfig().to_dict())
+    c = ml_collections.ConfigDict(config.defaults())
     for key, value in {"algo": algo, "preset": preset, **ALGOS[algo], **PRESETS[preset],
                        **ALGO_PRESETS.get((algo, preset), {})}.items():
         *parents, leaf = key.split(".")

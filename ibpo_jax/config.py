@@ -1,9 +1,11 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`__post_init__`, in `config_sections.py`), so a new knob is one field in its section
-plus its use. `configs/base.py` builds
-its ConfigDict from ``RunConfig()``'s defaults; ``load(spec, overrides)`` reads
+checks (`config_schema._Section`): the core's in `config_sections.py`, each method's beside its
+code (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that
+span sections are `RunConfig.check` and, for the methods a config turns on
+(`registry.METHODS`), each method's own `check`. `configs/base.py` builds its ConfigDict from
+`defaults()`; ``load(spec, overrides)`` reads
 ``configs/<file>.py[:preset]`` (its ``get_config(arg)``), applies ``--config.a.b=value``
 overrides and returns a frozen :class:`RunConfig`. An unknown key, a value of the wrong type,
 a non-finite float, a value outside its range or an unknown registry name stops start-up with
@@ -19,10 +21,11 @@ import dataclasses
 import importlib.util
 import json
 import sys
+import types
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ibpo_jax.config_methods import PrmConfig, ScoreConfig
 from ibpo_jax.config_sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
@@ -46,6 +49,9 @@ from ibpo_jax.config_sections import (
     _hints,
     _Section,
 )
+from ibpo_jax.methods.prm.config import PrmConfig
+from ibpo_jax.methods.score.config import ScoreConfig
+from ibpo_jax.registry import METHODS
 
 if TYPE_CHECKING:
     import ml_collections
@@ -55,7 +61,7 @@ __all__ = [
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LossConfig", "MeshConfig", "ModelConfig",
     "OptimConfig", "PrmConfig", "RewardConfig", "RolloutConfig", "RunConfig", "ScoreConfig",
     "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig", "WarmStartConfig",
-    "from_config_dict", "from_dict", "load", "load_config_dict", "parse_overrides",
+    "defaults", "from_config_dict", "from_dict", "load", "load_config_dict", "parse_overrides",
 ]
 
 
@@ -119,36 +125,54 @@ class RunConfig(_Section):
                 f"{what} = {chunks} must divide "
                 f"config.rollout.prompts_per_step = {self.rollout.prompts_per_step} "
                 "(whole groups)")
-        if self.score.enabled and self.ibpo.correction_rollouts:
-            raise ConfigError("config.score.enabled and config.ibpo.correction_rollouts are two "
-                              "different second rounds: set one")
-        if self.score.enabled:
-            self._check_score_stages()
         if self.loss.name == "ppo" and self.ibpo.credit == "token":
             raise ConfigError("config.ibpo.credit='token' is for group estimators, not "
                               "config.loss.name='ppo'")
+        rounds = [METHODS.get(m) for m in self.methods if METHODS.get(m).adds_round()]
+        if len(rounds) > 1:  # the update joins the first round and one more
+            raise ConfigError(f"{' and '.join(m.switch for m in rounds)} each add a second "
+                              "round to the RL step: set one")
+        for name in self.methods:
+            METHODS.get(name).check(self)
 
-    def _check_score_stages(self):
-        """SCoRe's stage II must start before the run ends: at train.steps, or at the budget
-        (each SCoRe step samples 2 · prompts_per_step · group_size trajectories)."""
-        steps, why = self.train.steps, f"config.train.steps={self.train.steps}"
-        if self.train.budget > 0:
-            per_step = 2 * self.rollout.prompts_per_step * self.rollout.group_size
-            by_budget = -(-self.train.budget // per_step)
-            if by_budget < steps:
-                steps, why = by_budget, (f"config.train.budget={self.train.budget} "
-                                         f"({by_budget} steps of {per_step} trajectories)")
-        if self.score.stage1_steps >= steps:
-            raise ConfigError(f"config.score.stage1_steps={self.score.stage1_steps}: the run "
-                              f"ends after {steps} steps ({why}), so stage II would never run")
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The registry.METHODS this config turns on (each method's `enabled`), in name order:
+        the stages they add run in this order at their fixed points of the RL step."""
+        return tuple(m for m in METHODS.names() if METHODS.get(m).enabled(self))
+
+    @property
+    def rows_per_step(self) -> int:
+        """N = B·G: the rows (trajectories) of an RL step's first round."""
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def trajectories_per_step(self) -> int:
+        """Trajectories an RL step samples whatever the batch: the first round's B·G rows and
+        the rows of methods whose round has a fixed size (SCoRe: B·G second attempts; a
+        correction round's size depends on the batch, DESIGN §6)."""
+        per_row = sum(METHODS.get(m).trajectories_per_row for m in self.methods)
+        return self.rows_per_step * (1 + per_row)
+
+    def sampling(self, *, evaluation: bool = False) -> dict[str, Any]:
+        """The sampler settings (`sampling.generate_fn` keywords) of rollouts or, `evaluation`,
+        of evaluation (whose max_new_tokens 0 means the rollout's)."""
+        if evaluation:
+            e = self.eval
+            return dict(max_new_tokens=e.max_new_tokens or self.rollout.max_new_tokens,
+                        temperature=e.temperature, top_p=e.top_p)
+        r = self.rollout
+        return dict(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                    top_k=r.top_k)
 
     @property
     def update_layout(self) -> str:
-        """optim.layout, except that second rounds (corrections, SCoRe), whose rows have
-        prompts of their own, turn "grouped" into "packed", and a cancellation transform, which
-        needs the rows of a group together in one micro-batch, turns "packed" into "rows"."""
+        """optim.layout, except that a method's second round (corrections, SCoRe), whose rows
+        have prompts of their own, turns "grouped" into "packed", and a cancellation transform,
+        which needs the rows of a group together in one micro-batch, turns "packed" into
+        "rows"."""
         layout = self.optim.layout
-        if layout == "grouped" and (self.ibpo.correction_rollouts or self.score.enabled):
+        if layout == "grouped" and any(METHODS.get(m).adds_round() for m in self.methods):
             layout = "packed"  # second-round rows have prompts of their own
         if layout == "packed" and self.cancellation.transform != "none":
             return "rows"
@@ -159,6 +183,22 @@ class RunConfig(_Section):
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def defaults(cls: type = RunConfig) -> dict[str, Any]:
+    """The schema's defaults as a nested dict (`configs/base.py`'s ConfigDict): the values
+    RunConfig() holds, except that a default a section resolves from its other fields (a word
+    such as "auto": LossConfig's clip range, from the loss name) stays the word, for the
+    algorithm and the overrides to set those fields first."""
+    out = {}
+    built = cls()
+    for f in dataclasses.fields(cls):
+        value, tp = getattr(built, f.name), _hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            out[f.name] = defaults(tp)
+        else:
+            out[f.name] = f.default if isinstance(f.default, str) else value
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,34 +257,33 @@ def apply_override(cfg: ml_collections.ConfigDict, key: str, raw: str) -> None:
     old = node[leaf]
     if isinstance(old, ml_collections.ConfigDict):
         raise ConfigError(f"config.{key} is a section; set one of its keys: {sorted(old.keys())}")
-    if _takes_str(key) and isinstance(old, (int, str)):  # an int knob that also takes "auto"
+    number = _word_or(key)
+    if number is not None:  # a number knob that also takes "auto"
         if raw.strip() == "auto":
-            with node.ignore_type():
-                node[leaf] = "auto"
-            return
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigError(f'config.{key}={raw!r}: expected int or "auto"') from None
+            value = "auto"
+        else:
+            try:
+                value = number(raw)
+            except ValueError:
+                raise ConfigError(f'config.{key}={raw!r}: expected {number.__name__} or '
+                                  '"auto"') from None
         with node.ignore_type():
             node[leaf] = value
         return
     node[leaf] = _parse_like(old, raw, key)
 
 
-def _takes_str(key: str) -> bool:
-    """Whether RunConfig's field at dotted `key` is typed int | str (e.g. "auto")."""
-    import types
-    import typing
-
-    from ibpo_jax.config_sections import _hints
-
+def _word_or(key: str) -> type | None:
+    """The number type of RunConfig's field at dotted `key` when it is typed `int | str` or
+    `float | str` (a number or "auto"), else None."""
     tp: Any = RunConfig
     for part in key.split("."):
         if not dataclasses.is_dataclass(tp) or part not in _hints(tp):
-            return False
+            return None
         tp = _hints(tp)[part]
-    return isinstance(tp, types.UnionType) and str in typing.get_args(tp)
+    members = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
+    numbers = [m for m in members if m in (int, float)]
+    return numbers[0] if str in members and numbers else None
 
 
 def _parse_like(old: Any, raw: str, key: str) -> Any:

@@ -1,5 +1,7 @@
-"""`--print-config`: the resolved config, one `key = value` line per field, each with the
-first sentence of its documentation (the docstring under the field in `config_sections`)."""
+"""`--print-config`: the resolved config (after preset, overrides and the defaults a section
+resolves, such as the loss's clip range), one `key = value` line per field, each with the first
+sentence of its documentation (the docstring under the field, in `config_sections` or beside a
+method in `ibpo_jax/methods/`)."""
 
 from __future__ import annotations
 

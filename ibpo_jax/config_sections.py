@@ -1,112 +1,15 @@
-"""The config sections: one frozen dataclass per section, each with its defaults, a docstring
-per field and its own checks (`__post_init__`). `ibpo_jax.config` assembles them into
-`RunConfig` and loads config files; import the sections from there.
-
-Errors name the full key: ``config.optim.lr=inf: must be finite``. Importing this module does
-not import ml_collections.
-"""
+"""The core's config sections: one frozen dataclass per section (`config_schema._Section`), each
+with its defaults, a docstring per field and its own checks; the methods' sections live beside
+their code (`ibpo_jax/methods/`). `ibpo_jax.config` assembles them into `RunConfig` (import the
+sections from there). Importing this module does not import ml_collections."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import math
-import types
-import typing
-from typing import Any, ClassVar
 
 from ibpo_jax import registry
+from ibpo_jax.config_schema import MIN_TEMPERATURE, ConfigError, _hints, _Section  # noqa: F401
 from ibpo_jax.models import config as model_config
-
-MIN_TEMPERATURE = 1e-3  # sampling temperatures are 0 (greedy) or at least this
-
-
-class ConfigError(ValueError):
-    """A config file, key or value is wrong; the message names it."""
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _typed(value: Any, tp: Any, key: str) -> Any:
-    """`value` checked against the field type `tp` (ints widen to float; floats are finite)."""
-    members = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
-    if members:  # e.g. int | str: the first member type that takes the value
-        for member in members:
-            try:
-                return _typed(value, member, key)
-            except ConfigError:
-                pass
-        names = " or ".join(m.__name__ for m in members)
-        raise ConfigError(f"config.{key}={value!r}: expected {names}")
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, tp):
-            raise ConfigError(f"config.{key} must be a section ({tp.__name__}), got {value!r}")
-        return value
-    if tp is bool:
-        ok = isinstance(value, bool)
-    elif tp is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif tp is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if ok and not math.isfinite(value):
-            raise ConfigError(f"config.{key}={value!r}: must be finite")
-        value = float(value) if ok else value
-    elif tp is str:
-        ok = isinstance(value, str)
-    else:
-        raise TypeError(f"unsupported config field type {tp} at {key}")  # a bug here
-    if not ok:
-        raise ConfigError(f"config.{key}={value!r}: expected {tp.__name__}")
-    return value
-
-
-@dataclasses.dataclass(frozen=True)
-class _Section:
-    """Base of the sections: field type checks, then the section's own `check`."""
-
-    KEY: ClassVar[str] = ""  # the section's path under `config.`
-
-    def __post_init__(self):
-        for f in dataclasses.fields(self):
-            value = _typed(getattr(self, f.name), _hints(type(self))[f.name], self._key(f.name))
-            object.__setattr__(self, f.name, value)
-        self.check()
-
-    def check(self) -> None:
-        """Range and choice checks of this section (override)."""
-
-    def _key(self, name: str) -> str:
-        return f"{self.KEY}.{name}".lstrip(".")
-
-    def _require(self, name: str, ok: bool, problem: str) -> None:
-        if not ok:
-            raise ConfigError(f"config.{self._key(name)}={getattr(self, name)!r}: {problem}")
-
-    def _positive(self, *names: str) -> None:
-        for name in names:
-            self._require(name, getattr(self, name) > 0, "must be > 0")
-
-    def _nonneg(self, *names: str) -> None:
-        for name in names:
-            self._require(name, getattr(self, name) >= 0, "must be >= 0")
-
-    def _one_of(self, name: str, choices: tuple[str, ...]) -> None:
-        self._require(name, getattr(self, name) in choices, f"valid: {', '.join(choices)}")
-
-    def _registered(self, name: str, reg: registry.Registry) -> None:
-        reg.check(getattr(self, name), key=f"config.{self._key(name)}")
-
-    def _temperature(self, name: str) -> None:
-        t = getattr(self, name)
-        self._require(name, t == 0 or t >= MIN_TEMPERATURE,
-                      f"must be 0 (greedy) or >= {MIN_TEMPERATURE}")
-
-    def _unit(self, name: str, *, open_high: bool = False) -> None:
-        x, top = getattr(self, name), ")" if open_high else "]"
-        self._require(name, 0 <= x < 1 if open_high else 0 <= x <= 1, f"must be in [0, 1{top}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +30,37 @@ class ArithTaskConfig(_Section):
                       f"must be >= the largest {self.digits}-digit operand")
         self._require("ops", bool(self.ops) and not set(self.ops) - set("+-*/")
                       and len(set(self.ops)) == len(self.ops), "distinct characters of '+-*/'")
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownTaskConfig(_Section):
+    KEY = "task.countdown"
+    min_numbers: int = 4
+    """Fewest numbers a `countdown` problem gives (>= 2)."""
+    max_numbers: int = 6
+    """Most numbers a problem gives (<= 8)."""
+    max_number: int = 12
+    """The numbers are distinct integers in [2, max_number]."""
+    max_value: int = 99
+    """Every result and the target are integers in [1, max_value]."""
+    min_target: int = 10
+    """Smallest target (a target is never one of the numbers)."""
+    min_solutions: int = 3
+    """Keep only problems with at least this many distinct shortest solutions (k)."""
+    num_train: int = 10000
+    """Problems in the training split (validation and test: 500 each); the defaults allow
+    about 40,000 distinct problems."""
+
+    def check(self):
+        self._require("min_numbers", 2 <= self.min_numbers <= self.max_numbers,
+                      f"must be in [2, config.task.countdown.max_numbers={self.max_numbers}]")
+        self._require("max_numbers", self.max_numbers <= min(8, self.max_number - 1),
+                      "must be <= 8 and leave that many distinct numbers in [2, max_number]")
+        self._require("max_number", self.max_number <= self.max_value,
+                      f"must be <= config.task.countdown.max_value={self.max_value}")
+        self._require("min_target", 1 <= self.min_target <= self.max_value,
+                      f"must be in [1, config.task.countdown.max_value={self.max_value}]")
+        self._positive("min_solutions", "num_train")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +86,8 @@ class TaskConfig(_Section):
     """Qwen3 chat template's thinking switch (HF tokenizers only)."""
     arith: ArithTaskConfig = dataclasses.field(default_factory=ArithTaskConfig)
     """The embedded `arith` task's generator settings."""
+    countdown: CountdownTaskConfig = dataclasses.field(default_factory=CountdownTaskConfig)
+    """The embedded `countdown` task's generator settings."""
 
     def check(self):
         self._registered("name", registry.TASKS)
@@ -341,6 +277,10 @@ class AdvantageConfig(_Section):
         self._unit("gae_lambda")
 
 
+# Each loss's clip range (ε_low, ε_high), what "auto" resolves to (DESIGN §4).
+CLIP_EPS = {"gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4), "grpo": (0.2, 0.2), "ppo": (0.2, 0.2)}
+
+
 @dataclasses.dataclass(frozen=True)
 class LossConfig(_Section):
     """The policy loss and its hyperparameters: also the `losses.LossSpec` every loss takes."""
@@ -350,10 +290,11 @@ class LossConfig(_Section):
     """registry.LOSSES name."""
     aggregation: str = "seq_mean_token_mean"
     """registry.AGGREGATIONS name (DESIGN §4)."""
-    clip_eps_low: float = 3e-4
-    """Clip range [1 - clip_eps_low, 1 + clip_eps_high]: GSPO's 3e-4 / 4e-4, GRPO / PPO 0.2."""
-    clip_eps_high: float = 4e-4
-    """Upper clip ε (clip-higher when > clip_eps_low)."""
+    clip_eps_low: float | str = "auto"
+    """Clip range [1 - clip_eps_low, 1 + clip_eps_high]; "auto" = the loss's own (CLIP_EPS:
+    GSPO 3e-4 / 4e-4, GRPO / PPO 0.2)."""
+    clip_eps_high: float | str = "auto"
+    """Upper clip ε (clip-higher when > clip_eps_low); "auto" = the loss's own (CLIP_EPS)."""
     beta: float = 0.01
     """KL coefficient (paper §4.1)."""
     kl_estimator: str = "k3"
@@ -365,10 +306,20 @@ class LossConfig(_Section):
     value_clip: float = 0.2
     """PPO only: ε_v of the clipped value loss (reward units)."""
 
+    def __post_init__(self):
+        for i, name in enumerate(("clip_eps_low", "clip_eps_high")):  # "auto": from the loss
+            if getattr(self, name) == "auto" and self.name in CLIP_EPS:
+                object.__setattr__(self, name, CLIP_EPS[self.name][i])
+        super().__post_init__()
+
     def check(self):
         self._registered("name", registry.LOSSES)
         self._registered("aggregation", registry.AGGREGATIONS)
         self._registered("kl_estimator", registry.KL_ESTIMATORS)
+        losses = ", ".join(CLIP_EPS)  # "auto" left over: a loss without a range of its own
+        for name in ("clip_eps_low", "clip_eps_high"):
+            self._require(name, not isinstance(getattr(self, name), str),
+                          f'expected a float, or "auto" for a loss of CLIP_EPS ({losses})')
         self._unit("clip_eps_low")
         self._nonneg("clip_eps_high", "beta", "norm_const", "value_coef", "value_clip")
 
@@ -521,8 +472,11 @@ class WarmStartConfig(_Section):
     warmup_steps: int = 50
     """Linear warm-up of the warm start; < steps."""
     cache_dir: str = ""
-    """"" = the base committed in experiments/warm_starts/ if it matches, else
-    <data_dir>/warm_start."""
+    """Where a base found nowhere on search_path is warm-started and cached; searched last;
+    "" = <data_dir>/warm_start."""
+    search_path: str = ""
+    """Directories (os.pathsep-separated) searched in order for a base before the cache; "" =
+    experiments/warm_starts/ of this checkout (the committed bases) when it exists."""
     followups: bool = False
     """Also teach the second-round prompt formats (data/followups.py: corrections, SCoRe's
     retry), which an instruct LLM follows zero-shot: steps // 4 extra steps on them."""

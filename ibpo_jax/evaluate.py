@@ -19,9 +19,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax import cli, hostmem, models, sampling, sharding
+from ibpo_jax import cli, hostmem, models, sharding
 from ibpo_jax import config as config_lib
-from ibpo_jax.trainer import evaluation, loop, policy
+from ibpo_jax.trainer import batching, evaluation, loop, policy
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, make_optimizer
 
@@ -66,11 +66,8 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
     tokenizer = loop.build_tokenizer(cfg)
     train_task, eval_task, _ = loop.train_and_eval_tasks(cfg, tokenizer)
     m = load_policy(cfg, Path(checkpoint), task=train_task, tokenizer=tokenizer, mesh=mesh)
-    generate = sampling.generate_fn(
-        m.config, m.options, max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, num_samples=cfg.eval.samples,
-        eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
-    chunk = max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.eval.samples)
+    generate = batching.sampler(cfg, m.config, m.options, tokenizer, mesh,
+                                num_samples=cfg.eval.samples, evaluation=True)
     if benchmarks:
         todo = [(name, loop.build_task(cfg, tokenizer, name, path)) for name, path in benchmarks]
     else:
@@ -79,16 +76,13 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
     for name, task in todo:
         split = (cfg.task.test_split if task is train_task and cfg.task.test_split in task.splits
                  else loop.default_split(task))
-        records = task.split(split)
-        records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
+        records = evaluation.problems(cfg, task, split)
         pool = loop.reward_pool(cfg, task.reward)
         try:
             with jax.set_mesh(mesh):
-                results[f"{name}/{split}"] = evaluation.evaluate(
-                    generate, m.params, records=records, task=task, tokenizer=tokenizer,
-                    pool=pool, samples=cfg.eval.samples, chunk=chunk,
-                    max_prompt_len=cfg.rollout.max_prompt_len, progress=cfg.train.progress,
-                    desc=f"{name}/{split}", leave=True)
+                results[f"{name}/{split}"] = evaluation.run(
+                    cfg, generate, m.params, records=records, task=task, tokenizer=tokenizer,
+                    pool=pool, desc=f"{name}/{split}", leave=True)
         finally:
             pool.close()
     return results

@@ -1,7 +1,8 @@
 """Name -> implementation registries for everything a config can select by name.
 
 One place lists what a config string may say: comparison operators, advantage estimators,
-policy losses, loss aggregations, KL estimators, cancellation transforms, rewards and tasks.
+policy losses, loss aggregations, KL estimators, cancellation transforms, rewards, tasks, and
+the methods that add a stage to the RL step.
 An unknown name raises one error that lists the valid ones, so a typo in a config fails at
 start-up with the fix in the message.
 
@@ -102,3 +103,8 @@ TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "cancellation transform", ("ibpo_jax.cancellation",))
 REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))
 TASKS: Registry[Callable[..., Any]] = Registry("task", ("ibpo_jax.data",))
+# Methods that add a stage to the RL step (DESIGN §6-§7), name -> `methods.base.Method`
+# subclass (its factory); a config turns one on through its own section (`Method.enabled`).
+METHODS: Registry[Any] = Registry("method", (
+    "ibpo_jax.methods.corrections", "ibpo_jax.methods.prm.method",
+    "ibpo_jax.methods.score.method"))

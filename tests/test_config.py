@@ -29,8 +29,8 @@ def test_every_config_has_all_presets_and_matches_its_algorithm():
 
 
 def test_second_rounds_exclude_each_other_and_leave_grouped_layout():
-    with pytest.raises(config.ConfigError, match="config.score.enabled and "
-                                                 "config.ibpo.correction_rollouts"):
+    with pytest.raises(config.ConfigError, match="config.ibpo.correction_rollouts and "
+                                                 "config.score.enabled each add a second round"):
         config.load("configs/score_grpo.py:smoke", [("ibpo.correction_rollouts", "true")])
     c = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.correction_rollouts", "true")])
     assert c.optim.layout == "grouped" and c.update_layout == "packed"
@@ -156,13 +156,19 @@ def test_distributed_is_auto_true_or_false_and_old_bools_still_load():
 
 
 def test_defaults_live_in_the_dataclasses():
-    """The ConfigDict of configs/base.py is generated from RunConfig()'s defaults: every key
-    has a dataclass field and a default, and the sections
+    """The ConfigDict of configs/base.py is generated from the dataclasses' defaults
+    (`config.defaults()`): every key has a dataclass field and a default, and the sections
     check themselves when built directly (no ConfigDict)."""
     from configs import base
 
     d = base.make("ibpo_gspo", "smoke").to_dict()
     assert set(d) == {f.name for f in dataclasses.fields(config.RunConfig)}
+    # RunConfig()'s values, except the defaults a section resolves from its other fields.
+    built, generated = config.RunConfig().to_dict(), config.defaults()
+    assert generated["loss"]["clip_eps_low"] == generated["loss"]["clip_eps_high"] == "auto"
+    for key in ("clip_eps_low", "clip_eps_high"):
+        generated["loss"][key] = built["loss"][key]
+    assert generated == built
     assert config.RunConfig().loss == config.LossConfig()
     assert d["reward"]["sandbox"] == "strict" and d["ibpo"]["alignment"] == "lcs"
     assert d["ibpo"]["reduce"] == "max" and d["diagnostics"]["grad_var_every"] == 0
@@ -204,9 +210,11 @@ def test_every_config_field_has_a_docstring():
     import inspect
 
     from ibpo_jax import config_sections
+    from ibpo_jax.methods.prm import config as prm_config
+    from ibpo_jax.methods.score import config as score_config
 
     missing = []
-    for module in (config_sections, config):
+    for module in (config_sections, config, prm_config, score_config):
         for node in ast.parse(inspect.getsource(module)).body:
             if not isinstance(node, ast.ClassDef):
                 continue
@@ -227,6 +235,34 @@ def test_algorithms_use_the_papers_clip_ranges(algo, clip):
     # Pinned by hand (DESIGN §4), not read back from the module that sets them.
     cfg = config.load(f"configs/{algo}.py")
     assert (cfg.loss.clip_eps_low, cfg.loss.clip_eps_high) == clip
+
+
+def test_the_clip_range_defaults_to_the_loss_named_last():
+    """"auto" (the default) is the loss's own range (CLIP_EPS), resolved after the algorithm
+    and the overrides: switching gspo's loss to grpo gives GRPO's range, a value given stays."""
+    cfg = config.load("configs/gspo.py", [("loss.name", "grpo")])
+    assert (cfg.loss.clip_eps_low, cfg.loss.clip_eps_high) == (0.2, 0.2)
+    cfg = config.load("configs/grpo.py", [("loss.clip_eps_high", "0.28")])  # clip-higher
+    assert (cfg.loss.clip_eps_low, cfg.loss.clip_eps_high) == (0.2, 0.28)
+    cfg = config.load("configs/grpo.py", [("loss.clip_eps_low", "auto"), ("loss.name", "gspo")])
+    assert (cfg.loss.clip_eps_low, cfg.loss.clip_eps_high) == (3e-4, 4e-4)
+    assert config.LossConfig(name="ppo").clip_eps_low == 0.2
+    with pytest.raises(config.ConfigError, match=r'config.loss.clip_eps_low=\'x\': expected '
+                                                 r'float or "auto"'):
+        config.load("configs/grpo.py", [("loss.clip_eps_low", "x")])
+    with pytest.raises(config.ConfigError, match=r"config.loss.clip_eps_low='wide': expected a "
+                                                 r'float, or "auto" for a loss of CLIP_EPS'):
+        config.LossConfig(clip_eps_low="wide")
+
+
+def test_derived_quantities_are_properties_of_the_config():
+    cfg = config.load("configs/ibpo_gspo.py:smoke", [("eval.max_new_tokens", "0"),
+                                                     ("rollout.top_k", "5")])
+    assert cfg.rows_per_step == 4 * 4 == cfg.trajectories_per_step
+    assert cfg.sampling() == {"max_new_tokens": 40, "temperature": 1.0, "top_p": 1.0,
+                              "top_k": 5}
+    assert cfg.sampling(evaluation=True) == {"max_new_tokens": 40, "temperature": 1.0,
+                                             "top_p": 1.0}  # eval.max_new_tokens 0: rollout's
 
 
 def test_appendix_a_diagnostics_on_by_default_and_off_in_smoke():

@@ -36,3 +36,17 @@ def test_cli_prints_and_exits_without_starting_a_run(tmp_path):
     assert r.returncode == 0, r.stderr
     assert 'algo = "gspo"' in r.stdout and "task.arith.num_steps = 8" in r.stdout
     assert not (tmp_path / "w").exists()
+
+
+def test_the_resolved_config_is_printed_with_the_methods_sections():
+    """After preset and overrides, with the defaults a section resolves (the loss's clip range)
+    and the sections that live beside their methods (ibpo_jax/methods/), documented."""
+    cfg = config.load("configs/score_grpo.py:smoke", [("prm.samples", "3")])
+    out = {line.split(" = ")[0]: line for line in config_docs.lines(cfg)}
+    assert out["loss.clip_eps_low"].startswith("loss.clip_eps_low = 0.2 ")  # GRPO's, not "auto"
+    assert out["score.enabled"].startswith("score.enabled = true ")
+    assert out["score.stage1_steps"].startswith("score.stage1_steps = 2 ")  # the smoke preset
+    assert out["prm.samples"].startswith("prm.samples = 3 ")  # the override
+    for key in ("score.enabled", "score.alpha", "prm.weight", "prm.head_width"):
+        assert "  # " in out[key], key  # each with its documentation
+

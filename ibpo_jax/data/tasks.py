@@ -3,6 +3,7 @@
 `get_task(name, **kwargs)` looks `name` up in `registry.TASKS`:
 
   arith          the embedded procedural task (ibpo_jax.data.arith), TFDS/array_record backed
+  countdown      embedded: reach a target from a few numbers, several right solutions each
   math_jsonl     a generic RL training prompt file (prompt + answer, e.g. DeepScaleR, MATH train)
   math500, aime24, aime25, olympiadbench          math benchmarks from local files
   livecodebench, codeforces                       code benchmarks from local files
@@ -22,7 +23,7 @@ import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
-from ibpo_jax.data import arith, formats
+from ibpo_jax.data import arith, countdown, formats
 from ibpo_jax.registry import TASKS, UnknownSplitError
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -96,6 +97,21 @@ def arith_task(*, config: arith.ArithConfig | str = "level3", num_train: int = 2
               for s in ("train", "validation", "test")}
     return Task(name="arith", reward="arith", splits=splits, prompt_fn=arith.prompt_text,
                 reference_fn=_reference)
+
+
+@TASKS.register("countdown")
+def countdown_task(*, config: countdown.CountdownConfig | None = None, num_train: int = 10000,
+                   num_validation: int = 500, num_test: int = 500, seed: int = 0,
+                   data_dir: str | None = None) -> Task:
+    """`countdown` (default CountdownConfig()), built on first use into data_dir."""
+    from ibpo_jax.data import countdown_tfds  # tfds is only imported when countdown is used
+
+    builder_config = countdown_tfds.CountdownBuilderConfig.make(
+        config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
+    splits = {s: functools.partial(countdown_tfds.load_split, builder_config, s, data_dir)
+              for s in ("train", "validation", "test")}
+    return Task(name="countdown", reward="countdown", splits=splits,
+                prompt_fn=countdown.prompt_text, reference_fn=_reference)
 
 
 def _chat(text: str, tokenizer, enable_thinking: bool, system: str | None) -> str:

@@ -2,6 +2,7 @@
 
 Importing this package registers the verifiers in ``registry.REWARDS``:
   arith   the `arith` step checker (final answer; first wrong step in the info)
+  countdown  the `countdown` step checker (whole derivation; first wrong step in the info)
   math    last \\boxed{} / answer line, math-verify with a time limit, string fallback
   code    the response's last ```python block run against the record's tests in a sandbox
 
@@ -9,7 +10,7 @@ Importing this package registers the verifiers in ``registry.REWARDS``:
 worker processes with per-response timeouts.
 """
 
-from ibpo_jax.rewards import arith, code, math_answer  # noqa: F401 - registers the verifiers
+from ibpo_jax.rewards import arith, code, countdown, math_answer  # noqa: F401 - registers them
 from ibpo_jax.rewards.base import Reward, RewardResult, get_reward
 from ibpo_jax.rewards.code import CodeResult, run_tests
 from ibpo_jax.rewards.pool import RewardPool

@@ -1,5 +1,5 @@
-"""Host-side batching: prompt records -> left-padded token arrays, responses -> text and
-scores.
+"""Host-side batching around the sampler: the run's sampler settings, prompt records ->
+left-padded token arrays, responses -> text and scores.
 
 Prompts are right-aligned in a [B, P] array (left padding) so every response starts at
 column P; the sampler, the trainer's log-prob pass and the comparison kernel all rely on that.
@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ibpo_jax import sharding
+from ibpo_jax import sampling, sharding
 
 
 class PromptBatch(NamedTuple):
@@ -49,6 +49,39 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) ->
             ids = ids[:-1]
         texts.append(tokenizer.decode(ids))
     return texts
+
+
+def sampler(cfg: Any, model: Any, options: Any, tokenizer: Any, mesh: Any, *,
+            num_samples: int, evaluation: bool = False) -> sampling.GenerateFn:
+    """The run's sampler (`sampling.generate_fn`, cached per configuration) with the rollout's
+    settings or, `evaluation`, the evaluation's (`RunConfig.sampling`), `num_samples` responses
+    per prompt."""
+    return sampling.generate_fn(model, options, **cfg.sampling(evaluation=evaluation),
+                                num_samples=num_samples, eos_ids=tuple(tokenizer.eos_ids),
+                                pad_id=tokenizer.pad_id, mesh=mesh)
+
+
+def ended(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """[n] bool: the response's last token is an EOS (not cut at max_new_tokens)."""
+    last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
+    return np.isin(last_token, tokenizer.eos_ids) & (lengths > 0)
+
+
+def score_rows(pool: Any, tokenizer: Any, records: Sequence[dict], tokens: np.ndarray,
+               lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
+    """Rewards, correctness, ended-with-EOS and the verifier's reports of rows this process
+    holds (tokens [n, R], lengths [n])."""
+    reward, infos = pool.score(records, decode_responses(tokenizer, tokens, lengths))
+    correct = np.array([bool(i["correct"]) for i in infos], bool)
+    return reward, correct, ended(tokenizer, tokens, lengths), infos
+
+
+def score_all_rows(pool: Any, tokenizer: Any, records: Sequence[dict], tokens: np.ndarray,
+                   lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rewards, correctness and ended-with-EOS of rows that every process holds (extra
+    rounds): each process scores its share (`score_shared`)."""
+    reward, correct = score_shared(pool, records, decode_responses(tokenizer, tokens, lengths))
+    return reward, correct, ended(tokenizer, tokens, lengths)
 
 
 def score_shared(pool: Any, records: Sequence[dict], texts: Sequence[str]

@@ -73,3 +73,29 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
     if second is not None:
         out["eval_accuracy_attempt1"] = float(first.mean())
     return out
+
+
+def problems(cfg: Any, task: Any, split: str) -> list[dict]:
+    """The problems evaluated: the first config.eval.num_prompts of the task's split."""
+    records = task.split(split)
+    return [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
+
+
+def chunk_size(cfg: Any) -> int:
+    """Prompts per evaluation sampler call: as many rows as a rollout's (B·G), at least one
+    prompt."""
+    return max(1, cfg.rows_per_step // cfg.eval.samples)
+
+
+def run(cfg: Any, generate: Any, params: Any, *, records: Sequence[dict], task: Any,
+        tokenizer: Any, pool: Any,
+        second: Callable[[list[dict], list[str], Any], np.ndarray] | None = None,
+        desc: str = "eval", leave: bool = False) -> dict[str, float]:
+    """`evaluate` with a run's settings (`cfg`, a RunConfig): config.eval.samples samples per
+    problem, `chunk_size` prompts per call, prompts cut at config.rollout.max_prompt_len, the
+    bar per config.train.progress. generate: the run's evaluation sampler
+    (`batching.sampler(..., evaluation=True)`)."""
+    return evaluate(generate, params, records=records, task=task, tokenizer=tokenizer,
+                    pool=pool, samples=cfg.eval.samples, chunk=chunk_size(cfg),
+                    max_prompt_len=cfg.rollout.max_prompt_len, second=second,
+                    progress=cfg.train.progress, desc=desc, leave=leave)

@@ -143,3 +143,26 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
             self._file.close()
+
+
+def summary_table(first: dict, last: dict, rows: list[dict]) -> str:
+    """summary.md of a run: its first and last evaluation rows and the means of its RL steps'
+    `rows`, as a markdown table."""
+
+    def mean(key: str) -> float:
+        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return float(np.mean(vals)) if vals else float("nan")
+
+    lines = [
+        "| metric | value |", "|---|---|",
+        f"| eval accuracy, base (step {first['step']}) | {first.get('eval_accuracy', 'n/a')} |",
+        f"| eval accuracy, final (step {last['step']}) | {last.get('eval_accuracy', 'n/a')} |",
+        f"| train accuracy, mean over steps | {mean('accuracy'):.4f} |",
+        f"| mean φ (wrong responses) | {mean('phi_mean'):.4f} |",
+        f"| mean Cov(Y, φ) | {mean('cov_y_phi'):.4f} |",
+        f"| mean Var(A) IBPO / GSPO (eqs. 10-11) | {mean('adv_var'):.4f} / "
+        f"{mean('adv_var_gspo'):.4f} |",
+        f"| throughput, sampled tokens/s | {mean('tokens_per_s'):.1f} |",
+        f"| trajectories sampled | {last.get('budget_trajectories', 0)} |",
+    ]
+    return "\n".join(lines)

@@ -26,57 +26,21 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import models, sampling, sharding
 from ibpo_jax import rewards as rewards_lib
-from ibpo_jax.config import ConfigError, RunConfig
-from ibpo_jax.data import arith, get_task
+from ibpo_jax.config import RunConfig
 from ibpo_jax.data.sampler import IndexSampler
-from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.trainer import evaluation, packing, pg_variance, policy, prm_reward, rounds, step
+from ibpo_jax.methods import base as methods_lib
+from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
 from ibpo_jax.trainer import workdir as workdir_lib
-from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
+from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
-from ibpo_jax.trainer.logs import RunLog, read_metrics
+from ibpo_jax.trainer.logs import RunLog, read_metrics, summary_table
 from ibpo_jax.trainer.state import frozen_reference, init_state, make_optimizer
-
-
-def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
-    if cfg.task.name == "arith" and not cfg.tokenizer.path:
-        return CharTokenizer()
-    from ibpo_jax.data import hf
-
-    path = cfg.tokenizer.path or cfg.model.checkpoint
-    if not path:
-        raise ConfigError(f"task {cfg.task.name!r} needs a tokenizer: set config.tokenizer.path "
-                         "or config.model.checkpoint (a local HF directory)")
-    return hf.load_tokenizer(path, vocab_size=vocab_size)
-
-
-def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
-    """Task `name` (a registry.TASKS entry); file-backed tasks read `path`."""
-    if name == "arith":
-        a = cfg.task.arith
-        return get_task("arith", config=arith.ArithConfig(a.num_steps, a.digits, a.ops,
-                                                          a.max_value),
-                        data_dir=str(policy.data_dir(cfg) / "tfds"))
-    if not path:
-        raise ConfigError(f"task {name!r} reads local files: give its path (config.task.path / "
-                         "config.task.eval_path, or --benchmark=name=path)")
-    if isinstance(tokenizer, CharTokenizer):
-        return get_task(name, path=path)
-    return get_task(name, path=path, tokenizer=tokenizer, enable_thinking=cfg.task.thinking)
-
-
-def train_and_eval_tasks(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any, str]:
-    """(training task, evaluation task, evaluation split)."""
-    task = build_task(cfg, tokenizer, cfg.task.name, cfg.task.path)
-    if not cfg.task.eval_name:
-        return task, task, cfg.task.eval_split
-    eval_task = build_task(cfg, tokenizer, cfg.task.eval_name, cfg.task.eval_path)
-    split = cfg.task.eval_split if cfg.task.eval_split in eval_task.splits else None
-    return task, eval_task, split or default_split(eval_task)
-
-
-def default_split(task: Any) -> str:
-    return "test" if "test" in task.splits else sorted(task.splits)[0]
+from ibpo_jax.trainer.tasks import (
+    build_task,  # noqa: F401 - loop.build_task and loop.default_split: evaluate, benchmarks
+    build_tokenizer,
+    default_split,  # noqa: F401
+    train_and_eval_tasks,
+)
 
 
 def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
@@ -92,26 +56,6 @@ def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
                                   timeout_s=cfg.reward.timeout_s)
 
 
-def _summary(first: dict, last: dict, rows: list[dict]) -> str:
-    def mean(key):
-        vals = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        return float(np.mean(vals)) if vals else float("nan")
-
-    lines = [
-        "| metric | value |", "|---|---|",
-        f"| eval accuracy, base (step {first['step']}) | {first.get('eval_accuracy', 'n/a')} |",
-        f"| eval accuracy, final (step {last['step']}) | {last.get('eval_accuracy', 'n/a')} |",
-        f"| train accuracy, mean over steps | {mean('accuracy'):.4f} |",
-        f"| mean φ (wrong responses) | {mean('phi_mean'):.4f} |",
-        f"| mean Cov(Y, φ) | {mean('cov_y_phi'):.4f} |",
-        f"| mean Var(A) IBPO / GSPO (eqs. 10-11) | {mean('adv_var'):.4f} / "
-        f"{mean('adv_var_gspo'):.4f} |",
-        f"| throughput, sampled tokens/s | {mean('tokens_per_s'):.1f} |",
-        f"| trajectories sampled | {last.get('budget_trajectories', 0)} |",
-    ]
-    return "\n".join(lines)
-
-
 def step_functions(spec: step.StepSpec, optimizer: Any, state_shardings: Any
                    ) -> tuple[Any, Any]:
     """The step's two jitted programs as the Trainer runs them, (credit, update): the update
@@ -124,7 +68,8 @@ def step_functions(spec: step.StepSpec, optimizer: Any, state_shardings: Any
 
 class Trainer:
     """Everything one run holds: tasks, policy and reference, compiled step functions, reward
-    pools, data position and train state. `run` drives it; benchmarks call `rl_step` directly."""
+    pools, the methods the config turns on (`methods.base.Methods`), data position and train
+    state. `run` drives it; benchmarks call `rl_step` directly."""
 
     def __init__(self, cfg: RunConfig, workdir: str | Path, *, log=None):
         self.cfg = cfg
@@ -136,6 +81,26 @@ class Trainer:
                                        tensor=cfg.mesh.tensor)
         self.tokenizer = build_tokenizer(cfg)
         self.task, self.eval_task, eval_split = train_and_eval_tasks(cfg, self.tokenizer)
+        self._build_policy()
+        self.train_records = self.task.split(cfg.task.train_split)
+        self.eval_records = evaluation.problems(cfg, self.eval_task, eval_split)
+        # Every process draws the same global batch (same seed, same position), so host
+        # arrays are identical everywhere and each process places its own devices' rows.
+        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
+        self.generate, self.eval_generate = self._samplers()
+        self.is_delim = jnp.asarray(self.tokenizer.is_delim)
+        self._build_update()
+        self.seed_key = jax.random.key(cfg.seed)
+        self.budget = 0.0  # budget_trajectories so far (DESIGN §6), checkpointed
+        self.pool = reward_pool(cfg, self.task.reward)
+        self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
+                          else reward_pool(cfg, self.eval_task.reward))
+        self.methods = methods_lib.Methods(self.context())  # prepared in `run`
+
+    def _build_policy(self) -> None:
+        """The base policy and its frozen reference, the step's spec and optimizer, and the
+        train state on the mesh."""
+        cfg = self.cfg
         self.base = policy.load_base(cfg, task=self.task, tokenizer=self.tokenizer,
                                      mesh=self.mesh, log=self.say)
         if self.is_main:  # which base this run's numbers are relative to (README, records)
@@ -163,22 +128,16 @@ class Trainer:
             else NamedSharding(self.mesh, P()), state)
         self.state = jax.device_put(state, self.state_shardings)
 
-        self.train_records = self.task.split(cfg.task.train_split)
-        records = self.eval_task.split(eval_split)
-        self.eval_records = [records[i] for i in range(min(cfg.eval.num_prompts, len(records)))]
-        # Every process draws the same global batch (same seed, same position), so host
-        # arrays are identical everywhere and each process places its own devices' rows.
-        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
-
-        self.generate, self.eval_generate = self._samplers()
-        self.is_delim = jnp.asarray(self.tokenizer.is_delim)
+    def _build_update(self) -> None:
+        """How update rows are packed, and the step's two jitted programs."""
         # Packed update rows (trainer/packing.py) with optim.layout "packed", unless a
         # cancellation transform needs each group's rows together; packed-row counts split
         # into the minibatch x micro-batch chunks, each over the mesh's batch devices when the
         # batch allows. Otherwise the identity plan (whole groups).
+        cfg = self.cfg
         self.pack = self.spec.layout == "packed"
         if self.pack:
-            rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+            rows = cfg.rows_per_step
             chunks = cfg.optim.minibatches * self.spec.optim.microbatches
             devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
             self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
@@ -186,28 +145,22 @@ class Trainer:
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
         self.credit_fn, self.update_fn = step_functions(self.spec, self.optimizer,
                                                         self.state_shardings)
-        self.seed_key = jax.random.key(cfg.seed)
-        self.second = rounds.second_round(cfg)  # corrections or SCoRe's second attempts
-        self.prm = prm_reward.maybe(self)  # PRM+GSPO's process reward, fitted in `run`
-        self.budget = 0.0  # budget_trajectories so far (DESIGN §6), checkpointed
-        self.pool = reward_pool(cfg, self.task.reward)
-        self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
-                          else reward_pool(cfg, self.eval_task.reward))
 
     def _samplers(self) -> tuple[Any, Any]:
         """The rollout's sampler (G samples per prompt) and evaluation's (eval.samples)."""
-        cfg, tok = self.cfg, self.tokenizer
-        opts = dict(eos_ids=tuple(tok.eos_ids), pad_id=tok.pad_id, mesh=self.mesh)
-        rollout = sampling.generate_fn(
-            self.base.config, self.base.options, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k, num_samples=cfg.rollout.group_size, **opts)
-        evaluation = sampling.generate_fn(
-            self.base.config, self.base.options,
-            max_new_tokens=cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p,
-            num_samples=cfg.eval.samples, **opts)
-        return rollout, evaluation
+        make = functools.partial(batching.sampler, self.cfg, self.base.config,
+                                 self.base.options, self.tokenizer, self.mesh)
+        return (make(num_samples=self.cfg.rollout.group_size),
+                make(num_samples=self.cfg.eval.samples, evaluation=True))
+
+    def context(self) -> methods_lib.Context:
+        """What the run's methods see of it: never the trainer itself."""
+        return methods_lib.Context(
+            cfg=self.cfg, mesh=self.mesh, tokenizer=self.tokenizer, task=self.task,
+            eval_task=self.eval_task, train_records=self.train_records, model=self.base.config,
+            options=self.base.options, base_params=self.base.params, is_delim=self.is_delim,
+            pool=self.pool, eval_pool=self.eval_pool, workdir=self.workdir,
+            is_main=self.is_main)
 
     def restore(self, ckpt: Checkpointer) -> int | None:
         """Restores the newest intact checkpoint, if any, and records the run's config
@@ -219,8 +172,8 @@ class Trainer:
         last, self.state, meta = found
         self.sampler.restore(meta["data_position"])
         # Checkpoints from before the weighted budget counted B x G per step.
-        per_step = self.cfg.rollout.prompts_per_step * self.cfg.rollout.group_size
-        self.budget = float(meta.get("budget_trajectories", last * per_step))
+        self.budget = float(meta.get("budget_trajectories",
+                                     last * self.cfg.rows_per_step))
         self.say(f"resumed from {ckpt.directory}/{last} (data position {self.sampler.position})")
         return last
 
@@ -230,20 +183,16 @@ class Trainer:
                                   "config": self.cfg.to_dict()})
 
     def evaluate(self) -> dict[str, float]:
-        cfg = self.cfg
-        chunk = max(1, cfg.rollout.prompts_per_step * cfg.rollout.group_size // cfg.eval.samples)
         with jax.set_mesh(self.mesh):
-            return evaluation.evaluate(
-                self.eval_generate, self.state.params, records=self.eval_records,
-                task=self.eval_task, tokenizer=self.tokenizer, pool=self.eval_pool,
-                samples=cfg.eval.samples, chunk=chunk, max_prompt_len=cfg.rollout.max_prompt_len,
-                second=functools.partial(rounds.second_attempts, self) if cfg.score.enabled
-                else None,  # SCoRe answers with its second attempt
-                progress=cfg.train.progress)
+            return evaluation.run(self.cfg, self.eval_generate, self.state.params,
+                                  records=self.eval_records, task=self.eval_task,
+                                  tokenizer=self.tokenizer, pool=self.eval_pool,
+                                  second=self.methods.answer(self.state.params))
 
     def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
-        """RL step `s` (1-based): updates the state, returns the step's metrics and its rows
-        of the record files (`logs.RECORDS`, by file name)."""
+        """RL step `s` (1-based): sample -> score -> the methods' reward shaping and extra
+        round -> credit (φ, advantages) -> update -> metrics. Updates the state; returns the
+        step's metrics and its rows of the record files (`logs.RECORDS`, by file name)."""
         g = self.cfg.rollout.group_size
         with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
@@ -261,35 +210,27 @@ class Trainer:
         t2 = time.perf_counter()
 
         rollout, plan = self.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
-        extra = {}
-        if self.prm is not None:  # r̃ = R + λ_prm · min_k PRM_k (DESIGN §7)
-            rollout, extra = self.prm.shape(rollout, rows, infos)
-        with jax.set_mesh(self.mesh):
-            cred, credit_metrics = self.credit_fn(rollout, self.is_delim)
-            jax.block_until_ready(cred)
-        first_cred, correct_all = cred, rollout.correct
-        diag, logged = {}, {}
-        if self.diagnose(s):  # at the policy that sampled the batch, before the update
-            diag = self.pg_variance(rollout, cred, np.repeat(prompts.lengths, g),
-                                    prompts.tokens.shape[1])
-            logged["appendix_a.jsonl"] = self.appendix_a_record(s, cred, rollout, rows, infos)
+        batch, stages = self.methods.shape(
+            methods_lib.Scored(s, records, rollout, rows, infos, self.state.params))
         self.budget += len(lengths)
-        if self.second is not None:  # appended rows: the update trains on both rounds
-            rollout, cred, plan = self.second_round(s, jax.random.fold_in(gen_key, 1), records,
-                                                    rollout, cred, extra)
+        extra = self.extra_round(batch, jax.random.fold_in(gen_key, 1), stages)
+
+        cred, credit_metrics = self.credit(batch.rollout)
+        diag, logged = self.diagnostics(s, batch, cred, prompts)
+        rollout, update_cred, plan = self.joined(batch.rollout, cred, plan, extra)
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
-                                                        cred, update_key, plan)
+                                                        update_cred, update_key, plan)
             jax.block_until_ready(self.state)
         t4 = time.perf_counter()
 
         metrics = {k: float(v) for k, v in
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
         metrics.update(diag)
-        metrics.update(_first_error_agreement(first_cred, sharding.host_array(correct_all), rows,
-                                              infos, g))
-        metrics.update(extra)
+        metrics.update(_first_error_agreement(cred, sharding.host_array(batch.rollout.correct),
+                                              rows, infos, g))
+        metrics.update(stages)
         metrics.update(
             budget_trajectories=self.budget,  # DESIGN §6: every sampled trajectory, weighted
             prompts_truncated=prompts.truncated,
@@ -299,24 +240,56 @@ class Trainer:
             tokens_per_s=int(lengths.sum()) / (t4 - t0),
             time_rollout_s=t1 - t0, time_reward_s=t2 - t1,
             time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0)
-            - extra.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
+            - stages.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
         )
         return metrics, logged
 
-    def second_round(self, s: int, key: jax.Array, records: list[dict], rollout: step.Rollout,
-                     cred: Any, metrics: dict[str, float]
-                     ) -> tuple[step.Rollout, Any, packing.Plan]:
-        """Step s's second round (corrections or SCoRe's second attempts) appended to the
-        first: the joined rollout, its credit and its packing plan; charges the budget and
-        adds the round's metrics to `metrics`."""
+    def extra_round(self, batch: methods_lib.Scored, key: jax.Array, metrics: dict[str, float]
+                    ) -> tuple[rounds.FirstRound, rounds.Round] | None:
+        """The methods' extra round of this step, if any (`Methods.extend`): charges its cost
+        to the budget and adds its metrics and time to `metrics`."""
         t0 = time.perf_counter()
-        ext = self.second.extend(self, s, key, rounds.first_round(self, records, rollout), cred)
-        self.budget += ext.cost
+        extra = self.methods.extend(batch, key)
+        if extra is not None:
+            self.budget += extra[1].cost
+            metrics.update(extra[1].metrics, time_second_round_s=time.perf_counter() - t0)
+        return extra
+
+    def credit(self, rollout: step.Rollout) -> tuple[step.Credit, dict[str, Any]]:
+        """φ and the advantages of `rollout`'s rows (`step.credit`), and their statistics."""
+        with jax.set_mesh(self.mesh):
+            cred, metrics = self.credit_fn(rollout, self.is_delim)
+            jax.block_until_ready(cred)
+        return cred, metrics
+
+    def joined(self, rollout: step.Rollout, cred: step.Credit, plan: packing.Plan,
+               extra: tuple[rounds.FirstRound, rounds.Round] | None
+               ) -> tuple[step.Rollout, step.Credit, packing.Plan]:
+        """The update's rows, credit and packing plan: the first round's, then (`extra`) the
+        extra round's, credited within its own groups."""
+        if extra is None:
+            return rollout, cred, plan
+        first, rnd = extra
+        second, _ = self.credit(rounds.place(rnd.rows, self.mesh))
+        rollout = rounds.joined(first, rnd.rows, self.mesh, self.tokenizer.pad_id, rnd.kl_anchor)
+        cred = rounds.joined_credit(cred, second, train_first=rnd.train_first)
         plan = self.packing_plan(*(sharding.host_array(x) for x in (
-            ext.rollout.prompt_len, ext.rollout.response_len)), *ext.rollout.prompt.shape[1:],
-            *ext.rollout.response.shape[1:])
-        metrics.update(ext.metrics, time_second_round_s=time.perf_counter() - t0)
-        return ext.rollout, ext.cred, plan
+            rollout.prompt_len, rollout.response_len)), *rollout.prompt.shape[1:],
+            *rollout.response.shape[1:])
+        return rollout, cred, plan
+
+    def diagnostics(self, s: int, batch: methods_lib.Scored, cred: step.Credit, prompts: Any
+                    ) -> tuple[dict[str, float], dict[str, dict]]:
+        """At diagnostic steps (`diagnose`), Appendix A's diagnostics of the first round at the
+        policy that sampled it: the policy-gradient variance metrics, and the step's row of
+        appendix_a.jsonl (by file name)."""
+        if not self.diagnose(s):
+            return {}, {}
+        diag = self.pg_variance(batch.rollout, cred,
+                                np.repeat(prompts.lengths, self.cfg.rollout.group_size),
+                                prompts.tokens.shape[1])
+        return diag, {"appendix_a.jsonl": self.appendix_a_record(s, cred, batch.rollout,
+                                                                 batch.rows, batch.infos)}
 
     def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
                    correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray
@@ -364,22 +337,7 @@ class Trainer:
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
         """Rewards, correctness, ended-with-EOS and the verifier's reports of this process's
         rollout rows (tokens [n, R], lengths [n])."""
-        reward, infos = self.pool.score(records, decode_responses(self.tokenizer, tokens, lengths))
-        correct = np.array([bool(i["correct"]) for i in infos], bool)
-        return reward, correct, self.ended(tokens, lengths), infos
-
-    def score_all(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Rewards, correctness and ended-with-EOS of rows that every process holds (second
-        rounds): each process scores its share (`batching.score_shared`)."""
-        reward, correct = score_shared(self.pool, records,
-                                       decode_responses(self.tokenizer, tokens, lengths))
-        return reward, correct, self.ended(tokens, lengths)
-
-    def ended(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """[n] bool: the response's last token is an EOS (not cut at max_new_tokens)."""
-        last_token = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
-        return np.isin(last_token, self.tokenizer.eos_ids) & (lengths > 0)
+        return batching.score_rows(self.pool, self.tokenizer, records, tokens, lengths)
 
     def diagnose(self, s: int) -> bool:
         """Appendix A's diagnostics at step 1 and every diagnostics.grad_var_every steps."""
@@ -475,12 +433,9 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
         # Wall time over the run's segments: a resumed run continues its logged total.
         done = [r for r in read_metrics(workdir / "metrics.jsonl") if r["step"] <= (last or 0)]
         t_start = time.perf_counter() - (done[-1].get("time_total_s", 0.0) if done else 0.0)
-        fitted = {}
-        if trainer.prm is not None:  # fitted before RL (or reloaded), its rollouts budgeted
-            if last is None:
-                log.info("fitting the process reward model (PRM+GSPO)")
-            cost, fitted = trainer.prm.fit_or_load()
-            trainer.budget += cost if last is None else 0.0
+        # The methods' stage before RL (PRM+GSPO: its PRM fitted, or reloaded), budgeted.
+        cost, fitted = trainer.methods.prepare(last is None, log.info)
+        trainer.budget += cost if last is None else 0.0
         if last is None:
             log.info("evaluating the base policy")
             log.write(0, {**trainer.evaluate(), **fitted, "budget_trajectories": trainer.budget,
@@ -510,7 +465,7 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     rows = read_metrics(workdir / "metrics.jsonl")
     evals = [r for r in rows if "eval_accuracy" in r]
     if trainer.is_main and evals:
-        table = _summary(evals[0], evals[-1], [r for r in rows if r["step"] > 0])
+        table = summary_table(evals[0], evals[-1], [r for r in rows if r["step"] > 0])
         (workdir / "summary.md").write_text(table + "\n")
         trainer.say(table)
     return rows

@@ -20,7 +20,7 @@ FILE_TASKS = {
 
 
 def test_registry_lists_every_task():
-    assert TASKS.names() == sorted([*FILE_TASKS, "aime25", "arith"])
+    assert TASKS.names() == sorted([*FILE_TASKS, "aime25", "arith", "countdown"])
     with pytest.raises(UnknownNameError, match="unknown task 'gsm8k'.*valid: aime24"):
         get_task("gsm8k")
 

@@ -84,3 +84,26 @@ def test_two_processes_split_the_rows_and_both_get_every_score():
         for r in results:
             assert (r[str(n)]["reward"], r[str(n)]["correct"]) == _expected(n)
             assert r[str(n)]["dtypes"] == ["float32", "bool"]
+
+
+def test_rows_are_decoded_scored_and_marked_ended_at_an_eos():
+    """score_rows / score_all_rows: the verifier on the decoded responses (EOS dropped), and
+    `ended` only where the last token within the length is an EOS."""
+    from ibpo_jax.data.tokenizer import CharTokenizer
+
+    tok, ns = CharTokenizer(), _namespace()
+    eos, pad = tok.eos_id, tok.pad_id
+    texts = ["0", "11", "wrong"]
+    tokens = np.full((3, 6), pad, np.int32)
+    for i, t in enumerate(texts):
+        ids = tok.encode(t) + ([eos] if i != 1 else [])  # row 1 was cut before its EOS
+        tokens[i, :len(ids)] = ids
+    lengths = np.array([2, 2, 6], np.int32)
+    records = [{"id": i, "answer": a} for i, a in enumerate(["0", "11", "2"])]
+    reward, correct, ended, infos = batching.score_rows(ns["CountingPool"](), tok, records,
+                                                        tokens, lengths)
+    assert correct.tolist() == [True, True, False] and reward.tolist() == [1.0, 1.0, -1.0]
+    assert ended.tolist() == [True, False, True] and [i["correct"] for i in infos] == [1, 1, 0]
+    shared = batching.score_all_rows(ns["CountingPool"](), tok, records, tokens, lengths)
+    assert [x.tolist() for x in shared] == [reward.tolist(), correct.tolist(), ended.tolist()]
+    assert not batching.ended(tok, tokens[:1], np.array([0])).any()  # empty: not ended

@@ -1,32 +1,10 @@
-"""Second rounds (trainer/rounds.py): who gets a correction, the slot layout, the joined
-update rows, and the prompt templates (data/followups.py)."""
+"""Extra rounds of an RL step (trainer/rounds.py): prompt-count buckets, the slot layout, the
+joined update rows and their credit."""
 
 import numpy as np
 import pytest
 
-from ibpo_jax.data import followups, tasks
 from ibpo_jax.trainer import rounds
-
-
-def test_correction_pairs_pick_each_wrong_row_and_a_correct_peer_of_its_group():
-    correct = np.array([[True, False, False, True],  # two wrong, two possible peers
-                        [False, False, False, False],  # no correct response: nothing to do
-                        [True, True, True, True],  # nothing wrong
-                        [False, True, False, False]])
-    wrong, peers = rounds.correction_pairs(correct, np.random.default_rng(0))
-    np.testing.assert_array_equal(wrong, [1, 2, 12, 14, 15])
-    assert set(peers[:2]) <= {0, 3} and list(peers[2:]) == [13, 13, 13]
-    flat = correct.reshape(-1)
-    assert not flat[wrong].any() and flat[peers].all()
-    assert (wrong // 4 == peers // 4).all()  # a peer of the same group
-    # The draw is uniform over the group's correct responses.
-    draws = [rounds.correction_pairs(correct, np.random.default_rng(s))[1][0] for s in range(400)]
-    assert 0.4 < np.mean(np.array(draws) == 0) < 0.6
-
-
-def test_correction_pairs_of_a_batch_without_wrong_rows_are_empty():
-    wrong, peers = rounds.correction_pairs(np.ones((2, 4), bool), np.random.default_rng(0))
-    assert wrong.shape == peers.shape == (0,)
 
 
 @pytest.mark.parametrize("m, n, want", [(0, 64, 8), (1, 64, 8), (16, 64, 16), (17, 64, 24),
@@ -81,31 +59,51 @@ def test_joined_rows_left_pad_the_first_round_prompts_to_the_second_round_width(
     assert isinstance(out.reward, jax.Array)
 
 
-def _task(reward):
-    return tasks.Task(name="t", reward=reward, splits={}, prompt_fn=str,
-                      reference_fn=lambda r: None, question_fn=lambda r: r["q"],
-                      wrap_fn=lambda text: f"<user>{text}</user>")
+def test_joined_credit_appends_the_second_round_and_can_zero_the_first_advantages():
+    import jax.numpy as jnp
+
+    from ibpo_jax.trainer.credit import Credit
+
+    def cred(base):  # B = 1 group of G = 2 rows
+        return Credit(phi=jnp.full((1, 2), base), first_error=jnp.full((1, 2), 1, jnp.int32),
+                      shaped=jnp.full((1, 2), base + 1), adv=jnp.array([base, -base]))
+
+    out = rounds.joined_credit(cred(0.5), cred(2.0))
+    np.testing.assert_array_equal(np.asarray(out.adv), [0.5, -0.5, 2.0, -2.0])
+    np.testing.assert_array_equal(np.asarray(out.phi), [[0.5, 0.5], [2.0, 2.0]])
+    out = rounds.joined_credit(cred(0.5), cred(2.0), train_first=False)
+    np.testing.assert_array_equal(np.asarray(out.adv), [0.0, 0.0, 2.0, -2.0])
+    np.testing.assert_array_equal(np.asarray(out.shaped), [[1.5, 1.5], [3.0, 3.0]])  # kept
 
 
-@pytest.mark.parametrize("family", ["arith", "math", "code"])
-def test_templates_quote_the_problem_and_the_responses_inside_the_chat_wrapper(family):
-    task = _task(family)
-    text = followups.correction_prompt(task, {"q": "Q?"}, wrong="W1", right="R1")
-    assert text.startswith("<user>Q?") and text.endswith("</user>")
-    assert text.index("W1") < text.index("R1")
-    retry = followups.retry_prompt(task, {"q": "Q?"}, attempt="A1")
-    assert retry.startswith("<user>Q?") and "A1" in retry
+class _Recorder:
+    """A sampler stand-in: response row i is [i + 1] * 3, length i % 3 + 1; records prompts."""
+
+    def __call__(self, params, tokens, lengths, key):
+        from ibpo_jax.sampling import SampleOutput
+
+        self.tokens, n = tokens, len(tokens)
+        resp = np.repeat(np.arange(1, n + 1, dtype=np.int32)[:, None], 3, 1)
+        return SampleOutput(resp, np.arange(n, dtype=np.int32) % 3 + 1,
+                            np.full((n, 3), -0.25, np.float32))
 
 
-def test_a_family_without_a_template_is_named():
-    with pytest.raises(ValueError, match="no correction template; families with one: arith"):
-        followups.correction_prompt(_task("poetry"), {"q": ""}, wrong="", right="")
+def test_sample_pads_the_prompt_count_to_a_bucket_and_keeps_the_real_rows():
+    import jax
 
-
-def test_arith_templates_use_only_the_char_tokenizer_alphabet():
+    from ibpo_jax import sharding
     from ibpo_jax.data.tokenizer import CharTokenizer
 
-    tok = CharTokenizer()
-    for table in (followups.CORRECTION, followups.RETRY):
-        tok.encode(table["arith"].format(question="Start with 3.", wrong="3+1=4",
-                                         right="3+1=4", attempt="3+1=4"))  # raises if not
+    tok, gen = CharTokenizer(), _Recorder()
+    mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])
+    texts = ["1+2", "3*4", "5-6"]
+    got = rounds.sample(gen, None, tok, texts, width=6, key=None, n=32, mesh=mesh,
+                        response_width=3)
+    assert gen.tokens.shape == (4, 6)  # 3 prompts padded to the bucket of 32 / 8 = 4
+    np.testing.assert_array_equal(gen.tokens[3], gen.tokens[0])  # copies of the first
+    assert got.prompt.shape == (3, 6) and got.response.shape == (3, 3)
+    np.testing.assert_array_equal(got.response_len, [1, 2, 3])
+    assert list(got.prompt_len) == [len(tok.encode(t)) + (tok.bos_id is not None) for t in texts]
+    empty = rounds.sample(gen, None, tok, [], width=6, key=None, n=32, mesh=mesh,
+                          response_width=5)
+    assert empty.prompt.shape == (0, 6) and empty.response.shape == (0, 5)

@@ -1,13 +1,13 @@
-"""Monte-Carlo step labels of the PRM (DESIGN §7): a scripted sampler and judge with
-hand-computed labels, then the real sampler on a tiny random model."""
+"""Monte-Carlo step labels of the PRM (methods/prm/labels.py, DESIGN §7): a scripted sampler and
+judge with hand-computed labels, then the real sampler on a tiny random model."""
 
 import jax
 import numpy as np
 import pytest
 
 from ibpo_jax import sampling
-from ibpo_jax.trainer import prm_labels
-from tests.test_prm import ARCH, OPTIONS, TOK, tiny_params
+from ibpo_jax.methods.prm import labels as prm_labels
+from tests.methods.test_prm_model import ARCH, OPTIONS, TOK, tiny_params
 
 PAD, EOS, NL, BAD, WRONG_END = 0, 2, 3, 13, 11
 IS_DELIM = np.zeros(16, bool)

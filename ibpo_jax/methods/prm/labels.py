@@ -1,6 +1,6 @@
 """Monte-Carlo step labels for the PRM of the PRM+GSPO baseline (DESIGN §7), host side.
 
-From each step prefix of a response (prompt + response up to a step end, `prm.step_ends`),
+From each step prefix of a response (prompt + response up to a step end, `model.step_ends`),
 `num_completions` continuations are sampled with the policy; the prefix's label is the fraction
 of them whose full response (prefix then continuation) the judge accepts. The last step end
 (the whole response) needs no sampling: its label is the judge's verdict on the response itself.
@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ibpo_jax import prm, sharding
+from ibpo_jax import sharding
+from ibpo_jax.methods.prm import model as prm
 
 # judge(rows [m] index of the originating response, tokens [m, L] int32 (pad after each
 # length), lengths [m]) -> [m] bool: is this full response correct.
@@ -29,7 +30,7 @@ _step_ends = jax.jit(prm.step_ends, static_argnames="max_steps")
 
 
 class MCLabels(NamedTuple):
-    pos: np.ndarray  # [n, K] int32 response column of each step end (`prm.step_ends`)
+    pos: np.ndarray  # [n, K] int32 response column of each step end (`model.step_ends`)
     valid: np.ndarray  # [n, K] bool, a labelled step (not a dropped prefix, not an empty slot)
     labels: np.ndarray  # [n, K] float32 in [0, 1], 0 where not valid
     cost: int  # sampled completions (trajectories), to charge to the rollout budget

@@ -1,4 +1,5 @@
-"""The PRM of the PRM+GSPO baseline (DESIGN §7): step ends, features, head fitting, scores."""
+"""The PRM of the PRM+GSPO baseline (methods/prm/model.py, DESIGN §7): step ends, features,
+head fitting, scores."""
 
 import functools
 
@@ -7,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import models, prm
+from ibpo_jax import models
 from ibpo_jax.data.tokenizer import CharTokenizer
+from ibpo_jax.methods.prm import model as prm
 
 TOK = CharTokenizer()
 NL, EOS = TOK.encode("\n")[0], TOK.eos_id

@@ -1,4 +1,4 @@
-"""Process reward model (PRM) of the PRM+GSPO baseline (DESIGN §7).
+"""The process reward model (PRM) of the PRM+GSPO baseline (DESIGN §7).
 
 A PRM scores every step prefix of a response with the probability that it still leads to the
 right answer; the process reward of a response is the minimum over its steps, and the baseline
@@ -8,7 +8,7 @@ Our choice (DESIGN §7 asks to say which): the PRM is a separate, frozen copy of
 policy's backbone with a trainable scalar head on the final normed hidden state (`final_hidden`)
 at each step-end token. The head (linear, or one GELU layer of `width` units) is trained once,
 before RL, with binary cross-entropy on soft Monte-Carlo labels (the fraction of N completions
-from the step prefix that reach the right answer, `ibpo_jax.trainer.prm_labels`, whose sampled
+from the step prefix that reach the right answer, `methods.prm.labels`, whose sampled
 completions count in the rollout budget), and is not refreshed during RL. Only the head is
 trained: the backbone's features are computed once (`features`), so fitting is a small
 full-batch problem (`fit_head`).
@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ibpo_jax.losses import safe_div
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import final_hidden
+from ibpo_jax.numerics import safe_div
 
 Array = jax.Array
 Head = dict[str, Array]

@@ -1,12 +1,11 @@
-"""Config sections of the Table 1 baselines that add a stage to the RL step (DESIGN §7):
-the process reward model of PRM+GSPO and SCoRe's two attempts. Same conventions as
-`config_sections.py`; `ibpo_jax.config` assembles them into `RunConfig`."""
+"""The `prm` config section: PRM+GSPO's process reward model (DESIGN §7). `RunConfig` composes
+it as `config.prm`; the method that reads it is `methods.prm.method`."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ibpo_jax.config_sections import _Section
+from ibpo_jax.config_schema import _Section
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,21 +34,3 @@ class PrmConfig(_Section):
         self._positive("num_prompts", "samples", "completions", "max_steps", "head_steps",
                        "head_lr")
         self._nonneg("head_width")
-
-
-@dataclasses.dataclass(frozen=True)
-class ScoreConfig(_Section):
-    KEY = "score"
-    enabled: bool = False
-    """SCoRe (DESIGN §7): each response gets a second attempt, prompted with the problem, the
-    first attempt and a fixed self-correction instruction (configs/score_grpo.py sets it)."""
-    stage1_steps: int = 50
-    """Stage I: RL steps training the second attempt only, with the first attempts held to
-    the base policy by a KL of weight stage1_kl; stage II (the rest) trains both attempts."""
-    stage1_kl: float = 0.1
-    """Per-row KL(π ‖ π_base) weight on the first attempts in stage I."""
-    alpha: float = 1.0
-    """Stage II's bonus on the second attempt: r(y₂) + α · (r(y₂) − r(y₁))."""
-
-    def check(self):
-        self._nonneg("stage1_steps", "stage1_kl", "alpha")

@@ -1,8 +1,8 @@
-"""End-to-end runs of the methods that add a stage to the RL step (DESIGN §6-§7): correction
-rollouts, PRM+GSPO and SCoRe+GRPO on the `smoke` preset, each run on one device, then on a
-(2, 2, 2) mesh of 8 fake CPU devices and in two processes of 2 devices each (same metrics up
-to float rounding), then killed after its step-2 checkpoint and resumed (the same metrics,
-bitwise)."""
+"""End-to-end runs of the methods that add a stage to the RL step (ibpo_jax/methods/, DESIGN
+§6-§7): correction rollouts, PRM+GSPO and SCoRe+GRPO on the `smoke` preset, each run on one
+device, then on a (2, 2, 2) mesh of 8 fake CPU devices and in two processes of 2 devices each
+(same metrics up to float rounding), then killed after its step-2 checkpoint and resumed (the
+same metrics, bitwise)."""
 
 import math
 import shutil

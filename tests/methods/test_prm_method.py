@@ -1,10 +1,10 @@
-"""trainer.prm_reward._truth: the checker's first wrong steps, decided by all processes
+"""methods.prm.method._truth: the checker's first wrong steps, decided by all processes
 together, so that a process whose share of rows is empty still joins the collectives that
 follow (it used to skip them and leave the others waiting)."""
 
 import numpy as np
 
-from ibpo_jax.trainer.prm_reward import _truth
+from ibpo_jax.methods.prm.method import _truth
 from tests.trainer.multiprocess import script_in_two_processes
 
 
@@ -19,7 +19,7 @@ _SCRIPT = '''
 import json
 import jax
 from ibpo_jax import sharding
-from ibpo_jax.trainer.prm_reward import _truth
+from ibpo_jax.methods.prm.method import _truth
 
 sharding.initialize_distributed(True)
 first = jax.process_index() == 0

@@ -1,0 +1,67 @@
+"""trainer.tasks: procedural tasks come from one table (no per-task branches), the char
+tokenizer for them, file tasks need paths, and a one-step smoke run of RL on `countdown`."""
+
+import json
+
+import pytest
+
+from ibpo_jax import config
+from ibpo_jax.config import ConfigError
+from ibpo_jax.data.tokenizer import CharTokenizer
+from ibpo_jax.registry import TASKS
+from ibpo_jax.trainer import loop, tasks
+
+# A small countdown: a 200-problem training split and a short warm start keep it seconds long.
+COUNTDOWN = {"task.name": "countdown", "task.countdown.num_train": 200,
+             "task.countdown.max_numbers": 5, "rollout.max_prompt_len": 32,
+             "warm_start.steps": 60, "warm_start.warmup_steps": 10}
+
+
+def _smoke(data_dir, **extra):
+    overrides = {"task.data_dir": str(data_dir), **COUNTDOWN, **extra}
+    return config.load("configs/ibpo_gspo.py:smoke", [(k, str(v)) for k, v in overrides.items()])
+
+
+def test_procedural_tasks_are_registered_tasks_with_a_config_section():
+    assert set(tasks.PROCEDURAL) == {"arith", "countdown"} and set(tasks.PROCEDURAL) <= set(
+        TASKS.names())
+    cfg = config.load("configs/ibpo_gspo.py:countdown")
+    for name, options in tasks.PROCEDURAL.items():
+        kwargs = options(cfg)
+        assert kwargs["config"] is not None and hasattr(cfg.task, name)
+    assert tasks.PROCEDURAL["countdown"](cfg)["config"].min_solutions == \
+        cfg.task.countdown.min_solutions
+    # loop keeps the names other modules import from it
+    assert loop.build_task is tasks.build_task and loop.default_split is tasks.default_split
+
+
+def test_tokenizer_and_file_task_errors(tmp_path):
+    cfg = _smoke(tmp_path)
+    assert isinstance(tasks.build_tokenizer(cfg), CharTokenizer)
+    file_task = config.load("configs/ibpo_gspo.py:smoke", [("task.name", "math500")])
+    with pytest.raises(ConfigError, match="task 'math500' needs a tokenizer"):
+        tasks.build_tokenizer(file_task)
+    with pytest.raises(ConfigError, match="task 'math500' reads local files"):
+        tasks.build_task(file_task, CharTokenizer(), "math500", "")
+
+
+def test_build_task_follows_the_config_section(tmp_path):
+    cfg = _smoke(tmp_path, **{"task.countdown.num_train": 30, "task.countdown.min_solutions": 4})
+    task, eval_task, split = tasks.train_and_eval_tasks(cfg, CharTokenizer())
+    assert task is eval_task and split == "validation" and task.name == "countdown"
+    train = task.split("train")
+    assert len(train) == 30
+    assert min(train[i]["num_solutions"] for i in range(30)) >= 4
+    assert max(len(train[i]["numbers"]) for i in range(30)) <= 5
+    with pytest.raises(ConfigError, match="config.task.countdown.min_target=100: must be in"):
+        _smoke(tmp_path, **{"task.countdown.min_target": 100})
+
+
+def test_smoke_rl_step_on_countdown(smoke_data_dir, tmp_path):
+    cfg = _smoke(smoke_data_dir, **{"train.steps": 1, "train.eval_every": 1})
+    rows = loop.run(cfg, workdir=tmp_path)
+    assert [r["step"] for r in rows] == [0, 1]
+    assert "eval_accuracy" in rows[0] and "eval_accuracy" in rows[1]
+    assert rows[1]["response_len_mean"] > 0 and 0 <= rows[1]["accuracy"] <= 1
+    assert json.loads((tmp_path / "base.json").read_text())["source"].startswith("countdown_")
+    assert (tmp_path / "hf_final" / "config.json").exists()
