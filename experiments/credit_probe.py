@@ -26,6 +26,7 @@ import jax
 import numpy as np
 
 from experiments import base_probe
+from experiments import items as items_lib
 from ibpo_jax import comparison, config
 from ibpo_jax.host import cpu_model, git_commit
 from ibpo_jax.trainer import credit, loop
@@ -113,6 +114,13 @@ def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_d
                                    lambda seed: measure(preset, extra, seed, batches),
                                    probe=probe)
     return write(recs, out_dir=out_dir, command=command, records_dir=records_dir) if recs else []
+
+
+def probe(ctx: items_lib.ProbeContext) -> list[Path]:
+    """The `probe` hook of the `credit` item (under --smoke: 1 batch per seed)."""
+    return reproduce(preset=ctx.preset, extra=ctx.extra, seeds=ctx.seeds,
+                     records_dir=ctx.records_dir, out_dir=ctx.out_dir, command=ctx.command,
+                     batches=1 if ctx.smoke else BATCHES, probe=ctx.measure)
 
 
 def _rates(recs: list[dict], name: str, which: int) -> list[float]:

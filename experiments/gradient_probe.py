@@ -42,7 +42,7 @@ KEYS = ("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "grad_share_bef
 
 def variants() -> list[items_lib.Run]:
     """The IBPO runs of the `variants` item (its GSPO baselines are each batch's `_gspo`)."""
-    return [r for r in items_lib.ITEMS["variants"].runs if r.algo.startswith("ibpo")]
+    return [r for r in items_lib.VARIANT_RUNS if r.algo.startswith("ibpo")]
 
 
 def _functions(trainer: loop.Trainer, cfg: config.RunConfig):
@@ -86,6 +86,15 @@ def ensure(*, preset: str, extra: tuple, seeds: int, records_dir: Path, batches:
     return base_probe.seed_records(
         records_dir, "gradient_probe", seeds,
         lambda seed: measure(preset, extra, seed, batches, n_variants), probe=probe)
+
+
+def section_of(ctx: items_lib.ProbeContext) -> list[str]:
+    """The `sections` hook of the `variants` item: its probe records (measured when missing,
+    unless --report-only; under --smoke 1 batch of 2 variants) as the page's section."""
+    recs = ensure(preset=ctx.preset, extra=ctx.extra, seeds=ctx.seeds,
+                  records_dir=ctx.records_dir, batches=1 if ctx.smoke else BATCHES,
+                  n_variants=2 if ctx.smoke else 0, probe=ctx.measure)
+    return section(recs, command=ctx.command)
 
 
 def _cell(recs: list[dict], label: str, key: str) -> str:

@@ -4,11 +4,33 @@ A `Run` is one training configuration: an algorithm's config file plus overrides
 runs (plain GSPO seed 0 serves Table 1, Table 2a, C.2, C.3 and C.4), so a run's directory is
 named by its configuration, not by the item, and each is trained once. Items whose method does
 not exist in the code yet say so (`needs`) and are reported as not run, never faked.
+
+An item is one `Item` in `ITEMS` (in the summary table's order, `ORDER`): its runs, the
+per-step keys it tabulates (`metrics`) and further ones its records keep (`keeps`; records keep
+the union over the items, `reproduce.kept()`), its claim as `comparisons` (each reads
+`SUMMARY_VALUES` or its `metrics`, checked when declared) with its rule (`some`), and optional
+hooks, which `reproduce.py` and `report.py` call without knowing the item:
+
+- `notes`: `(summaries) -> str`, a sentence for the verdict line (experiments/item_notes.py).
+- `sections`: `(ctx: ProbeContext) -> list[str]`, Markdown appended to the item's page.
+- `probe`: `(ctx: ProbeContext) -> list[Path]`, for an item that measures instead of training
+  a grid: it writes the page itself (`ctx.out_dir / f"{name}.md"`, `{name}.json` with at least
+  {"verdict": ...} for the summary, figures) and returns the paths ([] without records: the
+  summary says "not run yet"). Its records are `ctx.records_dir / f"<stem>_s<seed>.json"`
+  (`base_probe.seed_records`), measured when missing and `ctx.measure` (False under
+  --report-only). It runs once the whole command's pool has trained, so it may read other
+  items' final checkpoints at `ctx.workdir(run, seed)` (where that run trained on this
+  machine); runs it lists itself train first.
+
+A hook in a module that imports jax (or this one) is `Lazy("module:function")`, e.g.
+`probe=Lazy("experiments.credit_probe:probe")`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,9 +86,48 @@ def vs(a: str, b: str, *, metric: str = "final", expect: str = "higher") -> Comp
     return Comparison(f"{a} vs {b}", ((1.0, a, metric), (-1.0, b, metric)), expect)
 
 
+# The per-seed values `report.summarize` derives from a run's evaluations (`eval_accuracy`),
+# which a comparison may read besides the item's own `metrics`.
+SUMMARY_VALUES = ("base", "final", "gain", "early")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lazy:
+    """A hook named "module:function", imported when first called: the probes import jax and
+    the report imports this module, so the items name their hooks without importing them."""
+
+    target: str
+
+    def resolve(self) -> Callable:
+        module, _, name = self.target.partition(":")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as e:
+            raise LookupError(f"hook {self.target}: {e}") from None
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+
+Note = Callable[[dict[str, dict]], str]
+Section = Callable[["ProbeContext"], list[str]]
+Probe = Callable[["ProbeContext"], list[Path]]
+
+
+@dataclasses.dataclass(frozen=True)
+class FinalsAxis:
+    """Where the figure's final-accuracy panel places each run, instead of one tick per run
+    (the paper's Fig. 2: final accuracy against λ)."""
+
+    name: str  # in the panel's title: "final accuracy ... vs <name>"
+    label: str  # the x-axis label
+    position: Callable[[str], float | None]  # run label -> x (None: off the paper's curve)
+
+
 @dataclasses.dataclass(frozen=True)
 class Item:
-    """A table or figure of a paper, reproduced in miniature."""
+    """A table or figure of a paper, reproduced in miniature (one entry of `ITEMS`; the hooks
+    are described in the module docstring)."""
 
     name: str
     title: str
@@ -80,6 +141,23 @@ class Item:
     comparisons: tuple[Comparison, ...] = ()
     some: bool = False  # the claim is "some comparison wins", not "every comparison does"
     panels: tuple[tuple[str, ...], ...] = ()  # the plot's runs per panel (default: plots.py)
+    keeps: tuple[str, ...] = ()  # per-step keys its records keep, untabulated (raw diagnostics)
+    notes: tuple[Note, ...] = ()  # sentences the verdict adds, read from the summaries
+    sections: tuple[Section, ...] = ()  # Markdown appended to its page
+    probe: Probe | None = None  # writes its page (a measurement, not a training grid)
+    finals_axis: FinalsAxis | None = None  # the final-accuracy panel's x (default: a tick a run)
+
+    def __post_init__(self) -> None:
+        labels = {r.label for r in self.runs}
+        for c in self.comparisons:
+            for _, label, metric in c.terms:
+                if label not in labels:
+                    raise ValueError(f"item {self.name}: comparison {c.name} reads run "
+                                     f"{label!r}, not one of its runs ({', '.join(labels)})")
+                if metric not in (*SUMMARY_VALUES, *self.metrics):
+                    raise ValueError(f"item {self.name}: comparison {c.name} reads {metric!r}, "
+                                     f"neither one of {', '.join(SUMMARY_VALUES)} nor one of "
+                                     "its `metrics` (which its records keep)")
 
     def missing(self) -> str:
         """Why the item cannot run in this code, or ""."""
@@ -96,6 +174,59 @@ class Item:
         return f"config key {self.needs} does not exist yet"
 
 
+@dataclasses.dataclass(frozen=True)
+class ProbeContext:
+    """What `reproduce` hands an item's `probe` and `sections` hooks."""
+
+    item: Item
+    task: str  # --task
+    preset: str  # the config preset and overrides of its trainers (--smoke: the smoke preset)
+    extra: tuple[tuple[str, str], ...]
+    seeds: int  # seeds the item reports: min_seeds, --seeds, or all recorded for its runs
+    smoke: bool  # a seconds-long check: measure as little as still runs the code
+    measure: bool  # False under --report-only: read the records there are, measure nothing
+    records_dir: Path  # <out>/runs/<task>/: run and probe records
+    runs_dir: Path  # the trainers' workdirs, runs/reproduce/<task>/ (--smoke: under --out)
+    out_dir: Path  # <out>/<task>/: the item's page
+    command: str  # the command line that reproduces the item, for its page
+
+    def workdir(self, run: Run, seed: int) -> Path:
+        """A run's trainer workdir (config.json, metrics.jsonl, checkpoints/)."""
+        return self.runs_dir / f"{run.name}_s{seed}"
+
+    def record(self, run: Run, seed: int) -> Path:
+        """A run's record (written when it finished)."""
+        return self.records_dir / f"{run.name}_s{seed}.json"
+
+
+def declare(*items: Item) -> dict[str, Item]:
+    """The items by name, in declaration order; a name declared twice is an error."""
+    out: dict[str, Item] = {}
+    for item in items:
+        if item.name in out:
+            raise ValueError(f"item {item.name} is declared twice")
+        out[item.name] = item
+    return out
+
+
+def kept(always: tuple[str, ...]) -> tuple[str, ...]:
+    """The per-step keys records keep: `always`, the training curves, the items' own."""
+    keys = dict.fromkeys((*always, *TRAINING_CURVES))
+    for item in ITEMS.values():
+        keys.update(dict.fromkeys((*item.metrics, *item.keeps)))
+    return tuple(keys)
+
+
+def __getattr__(name: str):
+    if name == "ORDER":  # the declaration order (a test's toy item added to ITEMS included)
+        return tuple(ITEMS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# Every record keeps its run's training curves, whichever item trains it (read by hand: the
+# notes in docs/results_notes.md).
+TRAINING_CURVES = ("reward_mean", "accuracy", "entropy", "response_len_mean", "phi_mean",
+                   "units_truncated_frac", "update_tokens_frac")
 GSPO, IBPO = run("GSPO", "gspo"), run("IBPO-GSPO", "ibpo_gspo")
 # C.4's GRPO is also the cancellation grid's default cell (the preset's aggregation, no
 # transform): one run, trained with the shared-prefix drift logged, which the cell needs and
@@ -196,8 +327,20 @@ VARIANT_RUNS = (
         run(f"λ={LAM_NEAR_MAX}, no std", "ibpo_gspo", **{
             "ibpo.lam": LAM_NEAR_MAX, "advantage.normalize_std": False}))))
 
-ITEMS = {
-    "table1": Item(
+# What the methods of Table 1 and Appendix B log of their own stages (docs/methods.md).
+METHOD_LOGS = {
+    "SCoRe": ("attempt1_accuracy", "attempt2_accuracy", "flip_wrong_to_right",
+              "flip_right_to_wrong", "eval_accuracy_attempt1"),
+    "PRM": ("prm_mean", "prm_label_accuracy", "prm_label_cost", "prm_mc_label_accuracy",
+            "prm_fit_label_accuracy"),
+    "corrections": ("corrections", "corrections_accuracy")}
+# Appendix A's variances and mean-gradient norms, IBPO's and GSPO's on the same batch, whose
+# ratios the items tabulate (notebooks/make_appendix_a.py reads them).
+PG_VARIANCE_PARTS = ("pg_var", "pg_var_gspo", "pg_mean_sqnorm", "pg_mean_sqnorm_gspo")
+
+
+ITEMS = declare(
+    Item(
         "table1", "Table 1: methods at equal budget",
         (run("GSPO", "gspo", **BUDGET), run("GRPO", "grpo", **BUDGET),
          run("PRM+GSPO", "prm_gspo", **BUDGET), run("SCoRe+GRPO", "score_grpo", **BUDGET),
@@ -207,15 +350,16 @@ ITEMS = {
         "IBPO-GSPO beats every baseline at equal budget", min_seeds=3,
         needs="configs/prm_gspo.py", metrics=("budget_trajectories",),
         comparisons=tuple(vs("IBPO-GSPO", b) for b in ("GSPO", "GRPO", "PRM+GSPO",
-                                                         "SCoRe+GRPO"))),
-    "table2a": Item(
+                                                         "SCoRe+GRPO")),
+        keeps=(*METHOD_LOGS["SCoRe"], *METHOD_LOGS["PRM"], *METHOD_LOGS["corrections"])),
+    Item(
         "table2a", "Table 2a: the comparison operator",
         (GSPO, run("edit distance", "ibpo_gspo", **{"ibpo.operator": "edit_distance"}), IBPO),
         {"GSPO": "32.1 (terminal)", "edit distance": "33.8", "IBPO-GSPO": "36.7 (LCS + alignment)"},
         "terminal < edit distance < LCS with alignment", min_seeds=3,
         comparisons=(vs("edit distance", "GSPO"), vs("IBPO-GSPO", "edit distance"),
                      vs("IBPO-GSPO", "GSPO"))),
-    "table2b": Item(
+    Item(
         "table2b", "Table 2b / Fig. 2: the shaping weight λ",
         (GSPO, *(_lam(lam) for lam in LAMBDAS)),
         dict(zip((f"λ={lam}" for lam in LAMBDAS), ("33.2", "35.4", "36.7 (best)", "35.9", "34.1",
@@ -224,8 +368,9 @@ ITEMS = {
         comparisons=(vs(f"λ={DEFAULT_LAM}", "GSPO"),
                      *(vs(f"λ={DEFAULT_LAM}", f"λ={lam}") for lam in LAMBDAS
                        if lam != DEFAULT_LAM),
-                     vs("GSPO", "λ=2.0"))),
-    "curves": Item(
+                     vs("GSPO", "λ=2.0")),
+        finals_axis=FinalsAxis("λ", "λ (GSPO = 0)", Lazy("experiments.item_notes:lam_of"))),
+    Item(
         "curves", "C.2: training curves (mean reward and reward variance)", (GSPO, IBPO),
         {"GSPO": "lower mean reward, higher variance", "IBPO-GSPO": "higher mean, lower variance"},
         "IBPO's mean reward is higher and its reward variance lower over training",
@@ -234,22 +379,14 @@ ITEMS = {
                      vs("IBPO-GSPO", "GSPO", metric="reward_var", expect="lower"))),
     # The same runs as C.2, read for §4.2's claim (evaluations every 50 of 200 steps: the
     # paper's 150 of 400 steps, 37.5 %, is reached here only at step 50).
-    "speed": Item(
+    Item(
         "speed", "§4.2: steps to GSPO's final score", (GSPO, IBPO),
         {"GSPO": "400 steps", "IBPO-GSPO": "150 steps (38 % of GSPO's)"},
         "IBPO reaches GSPO's final score in 150 of GSPO's 400 steps", min_seeds=3,
         comparisons=(Comparison("IBPO-GSPO early vs GSPO final",
-                                ((1.0, "IBPO-GSPO", "early"), (-1.0, "GSPO", "final"))),)),
-    "group_size": Item(
-        "group_size", "C.3: group size G at equal trajectories per step",
-        tuple(_group(f"{a} G={g}", base, g)
-              for g in (4, 8, 16) for a, base in (("GSPO", GSPO), ("IBPO", IBPO))),
-        {"GSPO G=4": "28.9", "IBPO G=4": "33.4", "GSPO G=8": "32.1", "IBPO G=8": "36.7",
-         "GSPO G=16": "34.5", "IBPO G=16": "38.2"},
-        "IBPO beats GSPO at every G; both improve with G",
-        comparisons=(*(vs(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)),
-                     vs("GSPO G=16", "GSPO G=4"), vs("IBPO G=16", "IBPO G=4"))),
-    "sizes": Item(
+                                ((1.0, "IBPO-GSPO", "early"), (-1.0, "GSPO", "final"))),),
+        notes=(Lazy("experiments.item_notes:speed"),)),
+    Item(
         "sizes", "C.1: model size, GSPO -> IBPO (two tiny sizes)",
         (*(dataclasses.replace(run(f"{a} {HALF}", algo, **HALF_MODEL), by_task=HALF_WARM_START)
            for a, algo in (("GSPO", "gspo"), ("IBPO", "ibpo_gspo"))),
@@ -261,7 +398,16 @@ ITEMS = {
                      Comparison(f"gain at the default size vs gain at {HALF}", (
                          (1.0, "IBPO-GSPO", "final"), (-1.0, "GSPO", "final"),
                          (-1.0, f"IBPO {HALF}", "final"), (1.0, f"GSPO {HALF}", "final"))))),
-    "optimizers": Item(
+    Item(
+        "group_size", "C.3: group size G at equal trajectories per step",
+        tuple(_group(f"{a} G={g}", base, g)
+              for g in (4, 8, 16) for a, base in (("GSPO", GSPO), ("IBPO", IBPO))),
+        {"GSPO G=4": "28.9", "IBPO G=4": "33.4", "GSPO G=8": "32.1", "IBPO G=8": "36.7",
+         "GSPO G=16": "34.5", "IBPO G=16": "38.2"},
+        "IBPO beats GSPO at every G; both improve with G",
+        comparisons=(*(vs(f"IBPO G={g}", f"GSPO G={g}") for g in (4, 8, 16)),
+                     vs("GSPO G=16", "GSPO G=4"), vs("IBPO G=16", "IBPO G=4"))),
+    Item(
         "optimizers", "C.4: base optimizer, alone and + IBPO",
         (GRPO, run("IBPO-GRPO", "ibpo_grpo"), GSPO, IBPO, run("PPO", "ppo"),
          run("IBPO-PPO", "ibpo_ppo")),
@@ -269,7 +415,7 @@ ITEMS = {
          "IBPO-PPO": "35.8"},
         "IBPO adds 4-5 points to every base optimizer", min_seeds=3,
         comparisons=(vs("IBPO-GRPO", "GRPO"), vs("IBPO-GSPO", "GSPO"), vs("IBPO-PPO", "PPO"))),
-    "appendix_a": Item(
+    Item(
         "appendix_a", "Appendix A: Cov(Y, φ) and policy-gradient variance", (IBPO,),
         {"IBPO-GSPO": "Cov(Y, φ) < 0 at every checkpoint; PG variance about -30 %"},
         "Cov(Y, φ) < 0 and PG variance about 30 % lower than GSPO's on the same batches",
@@ -279,16 +425,18 @@ ITEMS = {
                                 expect="lower"),
                      Comparison("PG-variance ratio IBPO / GSPO vs 1",
                                 ((1.0, "IBPO-GSPO", "pg_var_ratio"),), expect="lower",
-                                ref=1.0))),
-    "appendix_b": Item(
+                                ref=1.0)),
+        keeps=PG_VARIANCE_PARTS, notes=(Lazy("experiments.item_notes:pg_ratio"),)),
+    Item(
         "appendix_b", "Appendix B: correction rollouts at equal budget",
         (run("IBPO-GSPO", "ibpo_gspo", **BUDGET),
          dataclasses.replace(IBPO_FULL, label="IBPO-GSPO + corrections")),
         {"IBPO-GSPO": "—", "IBPO-GSPO + corrections": "part of the paper's IBPO (x1.2 cost)"},
         "correction rollouts help at equal compute", needs="ibpo.correction_rollouts",
         metrics=("budget_trajectories",),
-        comparisons=(vs("IBPO-GSPO + corrections", "IBPO-GSPO"),)),
-    "cancellation": Item(
+        comparisons=(vs("IBPO-GSPO + corrections", "IBPO-GSPO"),),
+        keeps=METHOD_LOGS["corrections"]),
+    Item(
         "cancellation", "Token gradient cancellation: aggregation x clipping x transform",
         tuple(_cancel(agg, tr) for agg in AGGREGATIONS
               for tr in ("none", "min_replace", "adv_orthogonal"))
@@ -305,8 +453,9 @@ ITEMS = {
         panels=tuple(tuple(f"{agg} / {x}" for x in ("none", "min_replace", "adv_orthogonal",
                                                     "clip-higher")
                            if agg in CLIP_HIGHER_ON or x != "clip-higher")
-                     for agg in AGGREGATIONS)),
-    "variants": Item(
+                     for agg in AGGREGATIONS),
+        keeps=("cancellation_residual_whole",), notes=(Lazy("experiments.item_notes:mechanisms"),)),
+    Item(
         "variants", "Which IBPO variant moves the gradient's direction",
         VARIANT_RUNS,
         {"IBPO-GSPO": "the paper's form"},
@@ -317,12 +466,19 @@ ITEMS = {
         # Each IBPO variant against GSPO with the same advantage normalization.
         comparisons=tuple(vs(r.label, "GSPO no std division" if "no std" in r.label else "GSPO")
                           for r in VARIANT_RUNS if r.algo != "gspo"),
-        some=True),
-    # A probe of the base policy, no training (experiments/credit_probe.py).
-    "credit": Item(
+        some=True, keeps=(*PG_VARIANCE_PARTS, "adv_mean_before_error", "adv_mean_after_error"),
+        # + every variant on the same batches of the base policy
+        sections=(Lazy("experiments.gradient_probe:section_of"),)),
+    # A probe of the base policy, no training.
+    Item(
         "credit", "Credit: which signal finds the checker's first wrong step", (),
         {}, "the first error found by sequence alignment is where a response goes wrong",
-        min_seeds=3),
-}
-ORDER = ("table1", "table2a", "table2b", "curves", "speed", "sizes", "group_size", "optimizers",
-         "appendix_a", "appendix_b", "cancellation", "variants", "credit")
+        min_seeds=3, probe=Lazy("experiments.credit_probe:probe")),
+    # Issue #47: the base's batches and held-out ones of GSPO / IBPO-GSPO's final policies
+    # (their checkpoints where they exist), no training.
+    Item(
+        "prefix_credit", "Prefix credit: do correct peers already pay for a right prefix?", (),
+        {}, "a wrong response's right prefix is one its correct peers share, so GSPO's penalty "
+        "there is already cancelled and IBPO's φ has little left to fix",
+        min_seeds=3, probe=Lazy("experiments.prefix_credit:probe")),
+)

@@ -85,13 +85,6 @@ def _paper_number(text: str) -> float | None:
     return float(head) if re.fullmatch(r"\d+\.\d+", head) else None
 
 
-def _lam(label: str) -> float | None:
-    """λ of a Table 2b cell ("λ=0.3" -> 0.3; GSPO is λ = 0)."""
-    if label == "GSPO":
-        return 0.0
-    return float(label[2:]) if label.startswith("λ=") else None
-
-
 def plot_item(item: items_lib.Item, *, data: dict[str, list[dict]], summaries: dict[str, dict],
               path: Path) -> str:
     """Draws the item's figure to `path`; returns its caption."""
@@ -110,19 +103,8 @@ def plot_item(item: items_lib.Item, *, data: dict[str, list[dict]], summaries: d
                        if len(c.terms) == 2 and len(set(c.labels)) == 2])
     papers = {label: p for label in labels
               if (p := _paper_number(item.paper.get(label, ""))) is not None}
-    final_panel = len(papers) >= 2 or item.name == "table2b"
-    # Panels as (key, runs) and "final": with the runs split over several panels, a row per
-    # key (the final panel closes the first); else the panels flow in rows of 3.
-    panels: list[tuple[str, list[str]] | None] = []
-    if len(groups) > 1:
-        cols = len(groups) + final_panel
-        for key in keys:
-            panels += [(key, g) for g in groups]
-            panels += [None if key == keys[0] else ("", [])] * final_panel
-    else:
-        panels = [(keys[0], groups[0]), *([None] * final_panel),
-                  *((k, groups[0]) for k in keys[1:])]
-        cols = min(3, len(panels))
+    final_panel = len(papers) >= 2 or item.finals_axis is not None
+    panels, cols = _layout(keys, groups, final_panel)
     rows = -(-len(panels) // cols)
     width = 4.8 * cols
     fig, axes = plt.subplots(rows, cols, figsize=(width, 3.5 * rows), squeeze=False)
@@ -131,36 +113,11 @@ def plot_item(item: items_lib.Item, *, data: dict[str, list[dict]], summaries: d
     for ax, panel in zip(axes.flat, panels):
         if panel is None:
             _finals(ax, item, labels, summaries, papers, styles)
-            continue
-        key, group = panel
-        if not key:
+        elif not panel[0]:
             ax.set_visible(False)
-            continue
-        scale = 100.0 if key == "eval_accuracy" else 1.0
-        for label in group:
-            _series(ax, data[label], key, scale=scale, by_budget=by_budget,
-                    label=f"{SHOWN_AS.get(label, label)} (n={len(data[label])})",
-                    **styles[label])
-        for value, what in REFERENCES.get(key, ()):
-            ax.axhline(value, color="grey", lw=0.9, ls=":" if value != 1.0 else "-")
-            ax.annotate(what, (0.01, value), xycoords=("axes fraction", "data"),
-                        fontsize=7, color="dimgrey", va="bottom")
-        ax.set_ylabel(UNITS.get(key, key), fontsize=8)
-        ax.set_xlabel("trajectories sampled (budget)" if by_budget else "RL step", fontsize=8)
-        if ax.get_legend_handles_labels()[0]:  # a metric no seed of these runs logs: none
-            ax.legend(fontsize=6.5)
-        ax.grid(alpha=0.3)
-    spread = ("each line is one seed (the runs stop at their budget, not at a common step)"
-              if by_budget else "lines are seed means, bands ±1 sd over each run's n seeds "
-              "(n in the legend)")
-    caption = (f"{item.title}. Held-out accuracy in %; {spread}."
-               + (" The last panel: final accuracy, mean ± 1 sd over seeds (error bars), "
-                  "with the paper's number on its own benchmark (hollow grey diamonds, right "
-                  "axis): compare the shapes, not the levels." if final_panel else "")
-               + (" SCoRe+GRPO's line is its second attempt (the scored answer)."
-                  if "SCoRe+GRPO" in labels else "")
-               + (" Dotted grey: the paper's 0.70 PG-variance ratio; solid grey: 1.0 (as "
-                  "GSPO)." if "pg_var_ratio" in keys else ""))
+        else:
+            _curves(ax, *panel, data=data, styles=styles, by_budget=by_budget)
+    caption = _caption(item, labels, keys, by_budget=by_budget, final_panel=final_panel)
     # The caption under the panels, in the room its lines take (7 pt lines, ~0.13 in each).
     text = _wrap(caption, int(width * 17))
     extra = 0.13 * (text.count("\n") + 1) + 0.15
@@ -171,6 +128,56 @@ def plot_item(item: items_lib.Item, *, data: dict[str, list[dict]], summaries: d
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return caption
+
+
+def _layout(keys: tuple[str, ...], groups: list[list[str]], final_panel: bool
+            ) -> tuple[list[tuple[str, list[str]] | None], int]:
+    """The panels, as (key, runs) or None for the final-accuracy panel, and the columns: with
+    the runs split over several panels, a row per key (the final panel closes the first);
+    else the panels flow in rows of 3."""
+    panels: list[tuple[str, list[str]] | None] = []
+    if len(groups) > 1:
+        cols = len(groups) + final_panel
+        for key in keys:
+            panels += [(key, g) for g in groups]
+            panels += [None if key == keys[0] else ("", [])] * final_panel
+        return panels, cols
+    panels = [(keys[0], groups[0]), *([None] * final_panel),
+              *((k, groups[0]) for k in keys[1:])]
+    return panels, min(3, len(panels))
+
+
+def _curves(ax, key: str, group: list[str], *, data: dict[str, list[dict]],
+            styles: dict[str, dict], by_budget: bool) -> None:
+    """One panel: `key` over training for each run of `group`, with its reference lines."""
+    scale = 100.0 if key == "eval_accuracy" else 1.0
+    for label in group:
+        _series(ax, data[label], key, scale=scale, by_budget=by_budget,
+                label=f"{SHOWN_AS.get(label, label)} (n={len(data[label])})", **styles[label])
+    for value, what in REFERENCES.get(key, ()):
+        ax.axhline(value, color="grey", lw=0.9, ls=":" if value != 1.0 else "-")
+        ax.annotate(what, (0.01, value), xycoords=("axes fraction", "data"),
+                    fontsize=7, color="dimgrey", va="bottom")
+    ax.set_ylabel(UNITS.get(key, key), fontsize=8)
+    ax.set_xlabel("trajectories sampled (budget)" if by_budget else "RL step", fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # a metric no seed of these runs logs: none
+        ax.legend(fontsize=6.5)
+    ax.grid(alpha=0.3)
+
+
+def _caption(item: items_lib.Item, labels: list[str], keys: tuple[str, ...], *,
+             by_budget: bool, final_panel: bool) -> str:
+    spread = ("each line is one seed (the runs stop at their budget, not at a common step)"
+              if by_budget else "lines are seed means, bands ±1 sd over each run's n seeds "
+              "(n in the legend)")
+    return (f"{item.title}. Held-out accuracy in %; {spread}."
+            + (" The last panel: final accuracy, mean ± 1 sd over seeds (error bars), "
+               "with the paper's number on its own benchmark (hollow grey diamonds, right "
+               "axis): compare the shapes, not the levels." if final_panel else "")
+            + (" SCoRe+GRPO's line is its second attempt (the scored answer)."
+               if "SCoRe+GRPO" in labels else "")
+            + (" Dotted grey: the paper's 0.70 PG-variance ratio; solid grey: 1.0 (as "
+               "GSPO)." if "pg_var_ratio" in keys else ""))
 
 
 def _wrap(text: str, width: int) -> str:
@@ -202,10 +209,11 @@ def _series(ax, recs: list[dict], key: str, *, scale: float, by_budget: bool, la
 
 def _finals(ax, item: items_lib.Item, labels: list[str], summaries: dict[str, dict],
             papers: dict[str, float], styles: dict[str, dict]) -> None:
-    """Final accuracy per run (mean ± 1 sd), the paper's numbers on a twin axis; Table 2b
-    against λ (the paper's Fig. 2)."""
-    lam = item.name == "table2b"
-    xs = {label: (_lam(label) if lam else i) for i, label in enumerate(labels)}
+    """Final accuracy per run (mean ± 1 sd), the paper's numbers on a twin axis; against the
+    item's `finals_axis` if it has one (Table 2b: λ, the paper's Fig. 2)."""
+    axis = item.finals_axis
+    on_axis = axis is not None  # a curve through the runs on the item's axis
+    xs = {label: (axis.position(label) if on_axis else i) for i, label in enumerate(labels)}
     for label in labels:
         f = [100 * x for x in summaries[label]["final"]]
         sd = statistics.stdev(f) if len(f) > 1 else 0.0
@@ -213,11 +221,11 @@ def _finals(ax, item: items_lib.Item, labels: list[str], summaries: dict[str, di
         ax.errorbar(xs[label], statistics.mean(f), yerr=sd, color=st["color"],
                     marker=st["marker"], capsize=3, ls="none",
                     label="ours, mean ± 1 sd (left axis)" if label == labels[0] else None)
-    if lam:  # the curve through the λ cells
+    if on_axis:  # the curve through the cells
         pts = sorted((xs[label], 100 * statistics.mean(summaries[label]["final"]))
                      for label in labels)
         ax.plot(*zip(*pts), color="black", lw=0.8)
-        ax.set_xlabel("λ (GSPO = 0)", fontsize=8)
+        ax.set_xlabel(axis.label, fontsize=8)
     else:
         ax.set_xticks(list(xs.values()), [SHOWN_AS.get(x, x) for x in labels], rotation=30,
                       ha="right", fontsize=7)
@@ -227,7 +235,7 @@ def _finals(ax, item: items_lib.Item, labels: list[str], summaries: dict[str, di
     if papers:
         twin = ax.twinx()
         pts = [(xs[label], p) for label, p in papers.items() if xs[label] is not None]
-        twin.plot(*zip(*sorted(pts)), ls=":" if lam else "none", color="grey", marker="D",
+        twin.plot(*zip(*sorted(pts)), ls=":" if on_axis else "none", color="grey", marker="D",
                   mfc="none", ms=6, label="paper (right axis)")
         lines = ax.get_legend_handles_labels()
         more = twin.get_legend_handles_labels()
@@ -236,4 +244,5 @@ def _finals(ax, item: items_lib.Item, labels: list[str], summaries: dict[str, di
         lo, hi = min(p for _, p in pts), max(p for _, p in pts)
         pad = max(1.0, (hi - lo) * 0.3)
         twin.set_ylim(lo - pad, hi + pad if not math.isnan(hi) else None)
-    ax.set_title("final accuracy (mean ± 1 sd)" + (" vs λ" if lam else ""), fontsize=9)
+    ax.set_title("final accuracy (mean ± 1 sd)" + (f" vs {axis.name}" if on_axis else ""),
+                 fontsize=9)

@@ -192,7 +192,7 @@ def short_result(j: Judged) -> str:
     t = j.test
     text = (f"{j.comparison.name}: {scale * t.diff:+.{_digits(scale)}f}{unit} "
             f"[{scale * t.low:+.{_digits(scale)}f}, {scale * t.high:+.{_digits(scale)}f}], "
-            f"Holm p {_p(j.adjusted_p)}: {j.result}")
+            f"Holm p {fmt_p(j.adjusted_p)}: {j.result}")
     if j.way == "level":
         return text + f" (detectable: ±{scale * t.mde:.{_digits(scale)}f}{unit})"
     return text + (" (the paper's way)" if j.way == "for" else " (against the paper)")
@@ -202,7 +202,7 @@ def _digits(scale: float) -> int:
     return 1 if scale == 100 else 4
 
 
-def _p(p: float) -> str:
+def fmt_p(p: float) -> str:
     return "—" if p != p else f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}"
 
 
@@ -220,53 +220,15 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
             + "; ".join(short_result(j) for j in judged)
     word = verdict_word(c, some=item.some)
     why = f"{tally(c)}: " + "; ".join(short_result(j) for j in judged)
-    if extra := _descriptive(item, s):
+    if extra := notes_text(item, s):
         why += f". {extra}"
     return f"{word} ({c['for']}/{c['n']} for, {c['against']} against)", why
 
 
-def _descriptive(item: items_lib.Item, s: dict[str, dict]) -> str:
-    """What an item reads beside its comparisons (not part of the verdict's counts)."""
-    if item.name == "speed" and {"IBPO-GSPO", "GSPO"} <= s.keys() and s["GSPO"]["final"]:
-        reached, total = s["IBPO-GSPO"].get("steps_to"), s["GSPO"].get("last_step")
-        steps = sorted(set(s["IBPO-GSPO"]["early_step"]))
-        return (f"\"early\" is the accuracy at step {'/'.join(map(str, steps))} of {total} "
-                f"(the last evaluation within the paper's 150 of 400 steps); IBPO-GSPO's seed "
-                f"mean {'never reaches' if reached == 'not reached' else 'reaches'} GSPO's "
-                f"final ({100 * statistics.mean(s['GSPO']['final']):.1f} %)"
-                + ("" if reached == "not reached" else f" at step {reached}"))
-    if item.name == "appendix_a" and "IBPO-GSPO" in s:
-        ratio = s["IBPO-GSPO"].get("pg_var_ratio", [])
-        return (f"The paper's PG-variance ratio is about 0.70; here {fmt(ratio, digits=3)} "
-                f"(claim i asks Cov(Y, φ) < 0 at every checkpoint; the comparison tests the "
-                f"seeds' means over their checkpoints)") if ratio else ""
-    if item.name == "cancellation":
-        return _mechanisms(s)
-    return ""
-
-
-def _mechanisms(s: dict[str, dict]) -> str:
-    """What the cancellation grid measures of M1 and M2 (DESIGN §5), beside its accuracies,
-    by the same rule (Holm over these checks)."""
-    checks = (("M1, the residual before the update", "cancellation_residual",
-               "seq_mean_token_mean / none", "token_mean / none"),
-              # M2 first on token_mean, which has no M1 residual to mask it.
-              *(("M2, the residual at the current ratios", "cancellation_residual_updates",
-                 f"{agg} / clip-higher", f"{agg} / none")
-                for agg in sorted(items_lib.CLIP_HIGHER_ON, key=lambda a: a != "token_mean")),
-              ("the residual min_replace leaves", "cancellation_residual_updates",
-               "seq_mean_token_mean / none", "seq_mean_token_mean / min_replace"))
-    found = [(what, key, a, b) for what, key, a, b in checks
-             if s.get(a, {}).get(key) and s.get(b, {}).get(key)]
-    tests = [stats.welch(s[a][key], s[b][key]) for _, key, a, b in found]
-    adjusted = stats.holm([t.p if t.p == t.p else 1.0 for t in tests], len(checks))
-    out = []
-    for (what, key, a, b), t, q in zip(found, tests, adjusted):
-        rel = stats.direction(test=t, adjusted_p=q) if t.p == t.p else "n/a (1 seed)"
-        out.append(f"{what}: {a} {fmt(s[a][key], digits=4)} is {rel}"
-                   f" {'than' if rel in ('higher', 'lower') else 'with'} {b}"
-                   f" {fmt(s[b][key], digits=4)} (Holm p {_p(q)})")
-    return "Mechanisms: " + "; ".join(out) if out else "mechanisms: no records yet"
+def notes_text(item: items_lib.Item, s: dict[str, dict]) -> str:
+    """What an item reads beside its comparisons (its `notes`; not part of the verdict's
+    counts)."""
+    return ". ".join(filter(None, (note(s) for note in item.notes)))
 
 
 def comparison_table(judged: list[Judged]) -> list[str]:
@@ -284,8 +246,8 @@ def comparison_table(judged: list[Judged]) -> list[str]:
         else:
             res = j.result + {"for": " (the paper's way)", "against": " (against the paper)",
                               "open": ""}[j.way]
-        lines.append(f"| {j.comparison.name} | {j.comparison.expect} | {diff} | {_p(t.p)} | "
-                     f"{_p(j.adjusted_p)} | {res} |")
+        lines.append(f"| {j.comparison.name} | {j.comparison.expect} | {diff} | {fmt_p(t.p)} | "
+                     f"{fmt_p(j.adjusted_p)} | {res} |")
     return lines
 
 
@@ -330,7 +292,7 @@ def hosts(data: dict[str, list[dict]]) -> str:
 def shared_runs(item: items_lib.Item) -> list[str]:
     """Which of the item's runs other items reuse (the same directory and records), and which
     of its comparisons other items count too: their verdicts are not independent evidence."""
-    others = [items_lib.ITEMS[n] for n in items_lib.ORDER if n != item.name]
+    others = [o for o in items_lib.ITEMS.values() if o.name != item.name]
     lines = []
     for r in item.runs:
         if users := [o.name for o in others if r.name in {x.name for x in o.runs}]:
@@ -403,36 +365,32 @@ def _seed(rec: dict) -> str:
     return str((rec.get("config") or {}).get("seed", "?"))
 
 
-def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
-               command: str, missing: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    md, js = out_dir / f"{item.name}.md", out_dir / f"{item.name}.json"
-    lines = [f"# {item.title}", "", f"The paper's claim: {item.claim}.", "",
-             f"Produced by `{command}` from the records in `{records_dir.name}/`."]
-    if missing:
-        lines += ["", f"**Not run**: {missing}. The method this item needs is not implemented "
-                  "yet, so there is no result; nothing here is estimated."]
-        md.write_text("\n".join(lines) + "\n")
-        js.write_text(json.dumps({"verdict": "not run", "why": missing}) + "\n")
-        return [md, js]
-    data = {r.label: load(records_dir, r, r.seeds(seeds)) for r in runs}
-    s = {label: summarize(recs, item.metrics) for label, recs in data.items()}
-    # §4.2's steps to the baseline's final, against GSPO on the same base (C.1's sizes each
-    # start from their own): per base source, the first of GSPO, GSPO <variant>, first row.
+def summaries(data: dict[str, list[dict]], metrics: tuple[str, ...]) -> tuple[dict, int]:
+    """Each run's `summarize`, with §4.2's steps to the baseline's final, and how many bases
+    the baselines start from. Steps count against GSPO on the same base (C.1's sizes each
+    start from their own): per base source, the first of GSPO, GSPO <variant>, first row."""
+    s = {label: summarize(recs, metrics) for label, recs in data.items()}
     thresholds: dict[str | None, float] = {}
-    for label in ["GSPO", *(x for x in s if x.startswith("GSPO ")), next(iter(s))]:
+    for label in ["GSPO", *(x for x in s if x.startswith("GSPO ")), next(iter(s), None)]:
         if label in s and s[label]["final"]:
             thresholds.setdefault(_source(data[label]), statistics.mean(s[label]["final"]))
     for label, recs in data.items():  # for §4.2's verdict
         if recs and _source(recs) in thresholds:
             s[label]["steps_to"] = steps_to(recs, thresholds[_source(recs)])
             s[label]["last_step"] = max(step for rec in recs for step, _ in _evals(rec))
+    return s, len(thresholds)
+
+
+def run_table(item: items_lib.Item, runs, data: dict[str, list[dict]], s: dict[str, dict],
+              n_bases: int) -> list[str]:
+    """The Markdown table of the runs: seeds, accuracies, steps to the baseline's final, the
+    item's metrics, minutes per run, the paper's number."""
     reference = "GSPO's" if "GSPO" in s else "the first row's"
     head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)",
-            f"steps to {reference} final" + (" on its base" if len(thresholds) > 1 else ""),
+            f"steps to {reference} final" + (" on its base" if n_bases > 1 else ""),
             *item.metrics, "min / run (median pace)", "paper"]
-    lines += ["", "Mean ± sd over each run's seeds.", "",
-              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["", "Mean ± sd over each run's seeds.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in runs:
         v, recs = s[r.label], data[r.label]
         cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
@@ -440,6 +398,12 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
                  *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
                  fmt(v["time_min"]), item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict_block(item: items_lib.Item, runs, seeds: int, data: dict[str, list[dict]],
+                  s: dict[str, dict]) -> tuple[list[str], dict]:
+    """The comparisons' table, the verdict line and the seeds said, and the item's json."""
     short, why = verdict(item, s)
     judged = judge(item, s) if item.comparisons else []
     c = counts(judged)
@@ -456,6 +420,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     span = str(n) if n == most else f"{n}-{most}"
     if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
         short += f" (so far: {n} of {item.min_seeds} seeds{'' if n == most else ' in some runs'})"
+    lines = []
     if judged:
         lines += ["", f"## The claim's comparisons ({'some' if item.some else 'every'} one "
                   "should go the paper's way)", "",
@@ -465,7 +430,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
                   "rule\").", "", *comparison_table(judged)]
     # With a comparison table above, the verdict line gives its counts and what else it read.
     said = why if not judged or short.startswith("mixed") else ". ".join(
-        [tally(c), *filter(None, [_descriptive(item, s)])])
+        [tally(c), *filter(None, [notes_text(item, s)])])
     if missing_runs and judged:
         said += f"; not run yet: {', '.join(missing_runs)}"
     lines += ["", f"**Holds here?** {short}: {said}.", "",
@@ -474,6 +439,12 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
               + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
               f"{r.why_fewer}." for r in capped]
+    return lines, {"verdict": short, "why": why, "seeds": n, "counts": c}
+
+
+def provenance_lines(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
+    """The runs shared with other items, the code and hosts of the records, truncations."""
+    lines = []
     if shared := shared_runs(item):
         lines += ["", "Shared with other items: " + "; ".join(shared) + "."]
     lines += ["", f"Code (commit of each record): {code_versions(data)}."]
@@ -483,9 +454,30 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
         lines += ["", "Truncated records: " + "; ".join(cut) + "."]
     if host_list := hosts(data):
         lines += ["", f"Hosts: {host_list}."]
+    return lines
+
+
+def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
+               command: str, missing: str) -> list[Path]:
+    """<item>.md, .json and .png from the records of `runs` (`seeds` of each at most)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, js = out_dir / f"{item.name}.md", out_dir / f"{item.name}.json"
+    lines = [f"# {item.title}", "", f"The paper's claim: {item.claim}.", "",
+             f"Produced by `{command}` from the records in `{records_dir.name}/`."]
+    if missing:
+        lines += ["", f"**Not run**: {missing}. The method this item needs is not implemented "
+                  "yet, so there is no result; nothing here is estimated."]
+        md.write_text("\n".join(lines) + "\n")
+        js.write_text(json.dumps({"verdict": "not run", "why": missing}) + "\n")
+        return [md, js]
+    data = {r.label: load(records_dir, r, r.seeds(seeds)) for r in runs}
+    s, n_bases = summaries(data, item.metrics)
+    lines += run_table(item, runs, data, s, n_bases)
+    said, result = verdict_block(item, runs, seeds, data, s)
+    lines += said + provenance_lines(item, data)
     png = out_dir / f"{item.name}.png"
     caption = plots.plot_item(item, data=data, summaries=s, path=png)
     lines += ["", f"![{item.name}]({item.name}.png)", "", f"*{caption}*"]
     md.write_text("\n".join(lines) + "\n")
-    js.write_text(json.dumps({"verdict": short, "why": why, "seeds": n, "counts": c}) + "\n")
+    js.write_text(json.dumps(result) + "\n")
     return [md, js, png]

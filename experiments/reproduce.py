@@ -3,9 +3,9 @@
     python -m experiments.reproduce ITEM [--task arith|arith_long] [--seeds N] [--jobs J] [--smoke]
                                          [--out DIR] [--only LABEL,...] [--report-only]
 
-ITEM is one of experiments.items.ORDER (table1, table2a, table2b, curves, sizes, group_size,
-optimizers, appendix_a, appendix_b, cancellation, variants, credit), several of them joined by
-commas (`variants,appendix_a`: their runs train as one pool, `--jobs` at a time), or `all`.
+ITEM is an item of experiments/items.py (`--help` lists them), several of them joined by
+commas (their runs train as one pool, `--jobs` at a time), or `all`. The driver knows no item
+by name: what an item trains, keeps, judges and adds to its page is its entry in `ITEMS`.
 
 Each training run goes to runs/reproduce/<task>/<run name>_s<seed>/ (the trainer's own
 workdir: a killed run resumes from its last checkpoint). When a run finishes, its compact
@@ -42,25 +42,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments import credit_probe, gradient_probe, report, summary
 from experiments import items as items_lib
+from experiments import report, summary
 from ibpo_jax.host import cpu_model, git_commit
 
 ROOT = items_lib.ROOT
 RESULTS = ROOT / "experiments" / "results"
-# The keys a record keeps of each logged step (rows with none of them are dropped).
-KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_mean",
-        "cov_y_phi", "lambda_max", "pg_var", "pg_var_gspo", "pg_var_ratio", "pg_mean_sqnorm",
-        "pg_mean_sqnorm_gspo", "first_error_agreement", "cancellation_residual",
-        "cancellation_residual_whole", "cancellation_residual_updates", "shared_logprob_drift",
-        "shared_logprob_drift_whole", "entropy", "response_len_mean",
-        "budget_trajectories", "time_total_s", "units_truncated_frac", "update_tokens_frac",
-        "corrections", "corrections_accuracy", "attempt1_accuracy", "attempt2_accuracy",
-        "flip_wrong_to_right", "flip_right_to_wrong", "prm_mean", "prm_label_accuracy",
-        "prm_label_cost", "prm_mc_label_accuracy", "prm_fit_label_accuracy",
-        "eval_accuracy_attempt1", "pg_noise_ratio", "pg_noise_ratio_gspo", "adv_sign_flip_frac",
-        "adv_mass_before_error", "adv_mean_before_error", "adv_mean_after_error",
-        "grad_share_before_error", "grad_share_before_error_gspo")
+# The per-step keys every record keeps, whatever its items read: the evaluations, the steps
+# (rows with only a step are dropped), the budget a run stops at and the diagnostic steps'
+# marker (`compact`), and the minutes per run (`report.run_minutes`). A record keeps these,
+# the training curves and every item's metrics (`kept`).
+ALWAYS_KEPT = ("step", "eval_accuracy", "budget_trajectories", "pg_var", "time_total_s")
+
+
+def kept() -> tuple[str, ...]:
+    """The keys a record keeps of each logged step."""
+    return items_lib.kept(ALWAYS_KEPT)
+
+
 # Every run starts from its preset's base committed in experiments/warm_starts/ (the trainer
 # finds it, `policy.warm_start_dir`): the same code and config warm-start `arith_long` to a base
 # that solves 33.4 % on an Intel Xeon and 23.9 % on an AMD EPYC (floating point differs by
@@ -69,6 +68,7 @@ KEPT = ("step", "eval_accuracy", "reward_mean", "reward_var", "accuracy", "phi_m
 TASKS = {  # --task -> (preset, extra overrides)
     "arith": ("arith_tiny", ()),
     "arith_long": ("arith_long", ()),  # 8-step chains (README "The long task")
+    "countdown": ("countdown", ()),  # several right solutions per problem (issue #48)
 }
 
 
@@ -86,15 +86,15 @@ def compact(workdir: Path, cmd: list[str]) -> dict | None:
     if not (cfg_path.exists() and metrics.exists()):
         return None
     cfg = json.loads(cfg_path.read_text())
-    rows = []
+    rows, keys = [], kept()
     for line in metrics.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:  # a torn last line: the run is not finished
             continue
-        kept = {k: row[k] for k in KEPT if k in row}
-        if len(kept) > 1:
-            rows.append(kept)
+        row = {k: row[k] for k in keys if k in row}
+        if len(row) > 1:
+            rows.append(row)
     budget = cfg["train"].get("budget", 0)
     last = [r for r in rows if "eval_accuracy" in r and (
         r["step"] == cfg["train"]["steps"]
@@ -202,70 +202,85 @@ def _recorded_seeds(records_dir: Path, run: items_lib.Run) -> int:
     return 1 + max(seeds, default=-1)
 
 
+def _preset(task: str, smoke: bool) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """The config preset and overrides of the task's trainers."""
+    if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
+        # (and the plain smoke base: a second warm start would only cost the tests time).
+        return "smoke", (("train.steps", "1"), ("train.eval_every", "1"),
+                         ("rollout.prompts_per_step", "4"), ("warm_start.followups", "false"))
+    return TASKS[task]
+
+
+def _seeds_and_command(item: items_lib.Item, runs: tuple[items_lib.Run, ...], n_seeds: int, *,
+                       task: str, seeds: int | None, smoke: bool, train: bool,
+                       records_dir: Path) -> tuple[int, str]:
+    """The seeds the item's report reads, and the command that reproduces it."""
+    cmd_seeds = n_seeds
+    if not smoke and (train or not seeds):  # `--report-only --seeds N` reads N seeds;
+        # otherwise a report reads every seed recorded for its runs,
+        recorded = [_recorded_seeds(records_dir, r) for r in runs]
+        n_seeds = max([n_seeds, *recorded])
+        # and names the command that trains them: a run shared with an item of more
+        # seeds (C.3's G = 8 is C.2's GSPO) has more than this item's command trains.
+        cmd_seeds = max(cmd_seeds, min((n for r, n in zip(runs, recorded)
+                                        if not r.max_seeds), default=0))
+    cmd = f"python -m experiments.reproduce {item.name} --task {task}" + (
+        f" --seeds {cmd_seeds}" if cmd_seeds != item.min_seeds and not smoke else "") + (
+        " --smoke" if smoke else "")
+    return n_seeds, cmd
+
+
+def _report(ctx: items_lib.ProbeContext, runs: tuple[items_lib.Run, ...], why: str
+            ) -> list[Path]:
+    """The item's page: its probe's, or its runs' report with its sections (nothing under
+    --report-only while none of its runs has a record: the summary says "not run yet")."""
+    item = ctx.item
+    if item.probe is not None and not why:
+        return list(item.probe(ctx))
+    if not ctx.measure and not any(report.load(ctx.records_dir, r, r.seeds(ctx.seeds))
+                                   for r in runs):
+        return []
+    files = report.write_item(item, runs=runs, seeds=ctx.seeds, records_dir=ctx.records_dir,
+                              out_dir=ctx.out_dir, command=ctx.command, missing=why)
+    for section in () if why else item.sections:
+        if lines := section(ctx):
+            with open(files[0], "a") as f:
+                f.write("\n".join(lines) + "\n")
+    return files
+
+
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
               out: Path, only: tuple[str, ...] = (), train: bool = True) -> list[Path]:
     """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
     without `train`); returns the results files written."""
-    preset, extra = TASKS[task]
-    if smoke:  # the smoke preset's batch whatever the item sets (e.g. C.3's prompts per step)
-        # (and the plain smoke base: a second warm start would only cost the tests time).
-        preset, extra = "smoke", (("train.steps", "1"), ("train.eval_every", "1"),
-                                  ("rollout.prompts_per_step", "4"),
-                                  ("warm_start.followups", "false"))
-    labels = {r.label for name in names for r in items_lib.ITEMS[name].runs}
+    preset, extra = _preset(task, smoke)
+    chosen = [items_lib.ITEMS[name] for name in names]
+    labels = {r.label for item in chosen for r in item.runs}
     if unknown := set(only) - labels:
         raise SystemExit(f"--only {', '.join(sorted(unknown))}: no such run in "
                          f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
-    plan = []  # (item, its runs, seeds to train, why it cannot run)
-    for name in names:
-        item = items_lib.ITEMS[name]
-        plan.append((item, item.runs[:1] if smoke else item.runs,
-                     1 if smoke else (seeds or item.min_seeds), item.missing()))
+    plan = [(item, item.runs[:1] if smoke else item.runs,  # (item, its runs, seeds, why not)
+             1 if smoke else (seeds or item.min_seeds), item.missing()) for item in chosen]
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
-    # items instead of idling at the end of each.
+    # items instead of idling at the end of each; probes run after the whole pool.
     jobs = {}
-    for item, runs, n_seeds, why in plan:
-        if item.name != "credit" and not why:
+    for _, runs, n_seeds, why in plan:
+        if not why:
             jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
-                         if s < r.seeds(n_seeds)
-                         and (not only or r.label in only)})
+                         if s < r.seeds(n_seeds) and (not only or r.label in only)})
     if train:
         ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
                     runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
     written = []
     for item, runs, n_seeds, why in plan:
-        cmd_seeds = n_seeds
-        if not smoke and (train or not seeds):  # `--report-only --seeds N` reads N seeds;
-            # otherwise a report reads every seed recorded for its runs,
-            recorded = [_recorded_seeds(records_dir, r) for r in runs]
-            n_seeds = max([n_seeds, *recorded])
-            # and names the command that trains them: a run shared with an item of more
-            # seeds (C.3's G = 8 is C.2's GSPO) has more than this item's command trains.
-            cmd_seeds = max(cmd_seeds, min((n for r, n in zip(runs, recorded)
-                                            if not r.max_seeds), default=0))
-        cmd = f"python -m experiments.reproduce {item.name} --task {task}" + (
-            f" --seeds {cmd_seeds}" if cmd_seeds != item.min_seeds and not smoke else "") + (
-            " --smoke" if smoke else "")
-        if item.name == "credit":  # a probe of the base policy, no training run
-            written += credit_probe.reproduce(
-                preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
-                out_dir=out / task, command=cmd, batches=1 if smoke else credit_probe.BATCHES,
-                probe=train)
-            continue
-        if not train and not any(report.load(records_dir, r, r.seeds(n_seeds)) for r in runs):
-            continue  # nothing recorded yet: the summary says "not run yet"
-        files = report.write_item(item, runs=runs, seeds=n_seeds, records_dir=records_dir,
-                                  out_dir=out / task, command=cmd, missing=why)
-        if item.name == "variants":  # + every variant on the same batches of the base policy
-            probes = gradient_probe.ensure(
-                preset=preset, extra=extra, seeds=n_seeds, records_dir=records_dir,
-                batches=1 if smoke else gradient_probe.BATCHES,
-                n_variants=2 if smoke else 0, probe=train)
-            with open(files[0], "a") as f:
-                f.write("\n".join(gradient_probe.section(probes, command=cmd)) + "\n")
-        written += files
+        n_seeds, cmd = _seeds_and_command(item, runs, n_seeds, task=task, seeds=seeds,
+                                          smoke=smoke, train=train, records_dir=records_dir)
+        written += _report(items_lib.ProbeContext(
+            item=item, task=task, preset=preset, extra=extra, seeds=n_seeds, smoke=smoke,
+            measure=train, records_dir=records_dir, runs_dir=runs_dir, out_dir=out / task,
+            command=cmd), runs, why)
     written.append(summary.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
     if out == RESULTS and summary.sync_front_page(ROOT / "README.md", out, tuple(TASKS),
                                                   link_prefix="experiments/results/"):

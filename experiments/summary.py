@@ -91,8 +91,7 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
              "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks)
              + " | holds here? |",
              "|---|---|" + "---|" * len(tasks) + "---|"]
-    for name in items_lib.ORDER:
-        item = items_lib.ITEMS[name]
+    for name, item in items_lib.ITEMS.items():
         verdicts = {}
         for t in tasks:
             js = out / t / f"{name}.json"
@@ -117,13 +116,13 @@ def front_page_table(out: Path, tasks: tuple[str, ...], *, link_prefix: str) -> 
     Generated from the same reports as the summary, so the front page cannot drift from them."""
     lines = ["| item | " + " | ".join(f"`{t}`" for t in tasks) + " |",
              "|---|" + "---|" * len(tasks)]
-    for name in items_lib.ORDER:
+    for name, item in items_lib.ITEMS.items():
         cells = []
         for t in tasks:
             js = out / t / f"{name}.json"
             v = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
             cells.append(v if v == "not run yet" else f"[{v}]({link_prefix}{t}/{name}.md)")
-        lines.append(f"| {items_lib.ITEMS[name].title} | " + " | ".join(cells) + " |")
+        lines.append(f"| {item.title} | " + " | ".join(cells) + " |")
     return lines
 
 

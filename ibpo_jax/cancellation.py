@@ -66,18 +66,19 @@ def _group_inputs(tokens, mask, adv, weights):
     return tokens, valid, jnp.where(valid, adv, 0.0), jnp.where(valid, weights, 0.0)
 
 
-def _node_sum(share: jax.Array, x: jax.Array) -> jax.Array:
-    """[G, T]: Σ_j over (i, t)'s node members of x[j, t]. An elementwise sum, not a matmul, so
-    accelerators do not round it to bf16."""
+def node_sum(share: jax.Array, x: jax.Array) -> jax.Array:
+    """[G, T]: Σ_j over (i, t)'s node members of x[j, t] (share: `Nodes.share` [G, G, T], x:
+    [G, T]), e.g. a node's net update weight Σ_j A_jt w_jt, or how many of its members are
+    correct. An elementwise sum, not a matmul, so accelerators do not round it to bf16."""
     return jnp.sum(jnp.where(share, x[None, :, :], 0.0), axis=1)
 
 
 def _node_residuals(share, adv, weights):
     """Per (i, t): |Σ A w - w̄ Σ A| and Σ |A w| over (i, t)'s node."""
     count = jnp.sum(share, axis=1)
-    s_aw = _node_sum(share, adv * weights)
-    w_bar = _node_sum(share, weights) / jnp.maximum(count, 1)
-    return jnp.abs(s_aw - w_bar * _node_sum(share, adv)), _node_sum(share, jnp.abs(adv * weights))
+    s_aw = node_sum(share, adv * weights)
+    w_bar = node_sum(share, weights) / jnp.maximum(count, 1)
+    return jnp.abs(s_aw - w_bar * node_sum(share, adv)), node_sum(share, jnp.abs(adv * weights))
 
 
 def residual_terms(
@@ -245,8 +246,8 @@ def adv_orthogonal(
     keep their weights. A transformed weight can be negative."""
     tokens, valid, adv, weights = _group_inputs(tokens, mask, adv, weights)
     nodes = prefix_nodes(tokens, valid)
-    a_dot_w = _node_sum(nodes.share, adv * weights)
-    a_sq = _node_sum(nodes.share, adv * adv)
+    a_dot_w = node_sum(nodes.share, adv * weights)
+    a_sq = node_sum(nodes.share, adv * adv)
     change = nodes.whole & (a_sq > 0)
     coef = jnp.where(change, a_dot_w / jnp.where(change, a_sq, 1.0), 0.0)
     return weights - coef * adv

@@ -213,13 +213,21 @@ def derive(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer,
                              "measured_over_predicted_step_s":
                                  step_s / plan["predicted_step_s"]
                                  if plan.get("predicted_step_s") else None}
+    out["sampler"] = sampler_figures(cfg, c, chip, plen, rlen, phases["sample"])
+    compile_figures(out, cfg, trainer)
+    out["memory"] = memory_figures(plan, trainer, stats)
+
+
+def sampler_figures(cfg: config_lib.RunConfig, c: Any, chip: chips.Chip | None, plen: Any,
+                    rlen: Any, seconds: float) -> dict[str, Any]:
+    """Generated tokens/s and the achieved bandwidth against DESIGN §9's decode roofline."""
     nbytes = lib.decode_bytes(c, jnp.dtype(cfg.model.dtype).itemsize, plen, rlen)
     stored = lib.decode_bytes(c, jnp.dtype(cfg.model.param_dtype).itemsize, plen, rlen)
-    bw = nbytes["total_bytes"] / phases["sample"]
-    bw_stored = stored["total_bytes"] / phases["sample"]
-    out["sampler"] = {
-        "generated_tokens": int(rlen.sum()), "seconds": phases["sample"],
-        "tokens_per_s": float(rlen.sum()) / phases["sample"], **nbytes,
+    bw = nbytes["total_bytes"] / seconds
+    bw_stored = stored["total_bytes"] / seconds
+    return {
+        "generated_tokens": int(rlen.sum()), "seconds": seconds,
+        "tokens_per_s": float(rlen.sum()) / seconds, **nbytes,
         "achieved_bytes_per_s": bw,
         "of_spec_bandwidth": bw / chip.hbm_bytes_per_s if chip else None,
         "roofline_s": nbytes["total_bytes"] / chip.hbm_bytes_per_s if chip else None,
@@ -232,6 +240,11 @@ def derive(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer,
                 "once per decode step + every row's filled KV cache (the prompt's counted per "
                 "row); the sampler is handed the f32 master weights, so if the compiled decode "
                 "reads them as stored each step, if_weights_read_as_stored is the traffic"}
+
+
+def compile_figures(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer) -> None:
+    """out["compile"] (step 1's compilations, recompiles after it) and out["mismatch"]."""
+    steps = out["steps"]
     first, later = steps[0], steps[1:]
     out["compile"] = {
         "first_step": first["compiles_total"],
@@ -250,23 +263,24 @@ def derive(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer,
                        # the update's own metric: mean |Δ| against its gradient pass
                        "update_metric_mean_abs": steps[-1]["trainer_logprob_mismatch"],
                        "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype}
+
+
+def memory_figures(plan: dict, trainer: lib.BenchTrainer, stats: dict | None) -> dict:
+    """The device's peak memory beside the plan's, or why there is none."""
     if not stats or "peak_bytes_in_use" not in stats:
-        out["memory"] = {"available": False,
-                         "reason": f"{trainer.device.platform}: memory_stats() has no "
-                                   "peak_bytes_in_use"}
-    else:
-        planned = plan.get("peak_bytes_per_device") if plan.get("available") else None
-        peak = int(stats["peak_bytes_in_use"])
-        out["memory"] = {"available": True, "peak_bytes_in_use": peak,
-                         "bytes_limit": stats.get("bytes_limit"),
-                         "peak_after_phase": trainer.memory,
-                         "plan_peak_bytes_per_device": planned,
-                         "measured_over_plan": peak / planned if planned else None,
-                         "plan_programs": plan.get("programs") if planned else None,
-                         "note": "peak_after_phase is cumulative (the allocator's peak cannot "
-                                 "be reset): a phase shows its own peak only where it exceeds "
-                                 "the phases before it; sample runs first, then φ, score, "
-                                 "update"}
+        return {"available": False,
+                "reason": f"{trainer.device.platform}: memory_stats() has no peak_bytes_in_use"}
+    planned = plan.get("peak_bytes_per_device") if plan.get("available") else None
+    peak = int(stats["peak_bytes_in_use"])
+    return {"available": True, "peak_bytes_in_use": peak,
+            "bytes_limit": stats.get("bytes_limit"),
+            "peak_after_phase": trainer.memory,
+            "plan_peak_bytes_per_device": planned,
+            "measured_over_plan": peak / planned if planned else None,
+            "plan_programs": plan.get("programs") if planned else None,
+            "note": "peak_after_phase is cumulative (the allocator's peak cannot be reset): a "
+                    "phase shows its own peak only where it exceeds the phases before it; "
+                    "sample runs first, then φ, score, update"}
 
 
 def table(out: dict) -> str:
@@ -319,7 +333,8 @@ def table(out: dict) -> str:
                       *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list, config_lib.RunConfig]:
+    """The command line, its overrides as (key, value) and the run's config."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU-sized model and shapes")
     parser.add_argument("--chip", help="compute the ratios against this chip of "
@@ -347,15 +362,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = run_config(args.tiny, args.prompts, extra)
     except ValueError as e:  # config.ConfigError names the key
         parser.error(f"--override / --prompts: {e}")
-    preset = config_lib.load(f"{REPO}/{CONFIG}")
-    t_start = time.perf_counter()
-    deadline = t_start + args.time_limit
-    try:
-        hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
-    except RuntimeError:  # called in a process whose jax already started (the tests)
-        pass
-    device = jax.devices()[0]
-    chip, chip_source = resolve_chip(device.device_kind, args.chip)
+    return args, extra, cfg
+
+
+def metadata(args: argparse.Namespace, extra: list, cfg: config_lib.RunConfig,
+             preset: config_lib.RunConfig, device: Any, chip: chips.Chip | None,
+             chip_source: str) -> dict[str, Any]:
+    """The run's identity: software, device, chip, config, and the shapes it runs at."""
     shapes = {"prompts_per_step": cfg.rollout.prompts_per_step,
               "preset_prompts_per_step": preset.rollout.prompts_per_step,
               "group_size": cfg.rollout.group_size,
@@ -368,36 +381,28 @@ def main(argv: list[str] | None = None) -> int:
     note = (f"prompts per step {cfg.rollout.prompts_per_step} of the preset's "
             f"{preset.rollout.prompts_per_step} (one device)"
             + ("; --tiny: a tiny model and shapes, NOT the preset's" if args.tiny else ""))
-    out: dict[str, Any] = {
-        "meta": {"jax": jax.__version__, "device_kind": device.device_kind,
-                 "platform": device.platform, "devices": len(jax.devices()),
-                 "cpu_model": host.cpu_model(), "git": commit(), "config": CONFIG,
-                 "overrides": [f"{k}={v}" for k, v in extra], "tiny": args.tiny,
-                 "shapes": shapes, "shapes_note": note, "steps_asked": args.steps,
-                 "chip": {"name": chip.name if chip else None, "source": chip_source,
-                          **({"bf16_flops": chip.bf16_flops, "hbm_bytes": chip.hbm_bytes,
-                              "hbm_bytes_per_s": chip.hbm_bytes_per_s} if chip else {})}},
-        "status": "running", "errors": [], "steps": []}
-    path = Path(args.out)
+    return {"jax": jax.__version__, "device_kind": device.device_kind,
+            "platform": device.platform, "devices": len(jax.devices()),
+            "cpu_model": host.cpu_model(), "git": commit(), "config": CONFIG,
+            "overrides": [f"{k}={v}" for k, v in extra], "tiny": args.tiny,
+            "shapes": shapes, "shapes_note": note, "steps_asked": args.steps,
+            "chip": {"name": chip.name if chip else None, "source": chip_source,
+                     **({"bf16_flops": chip.bf16_flops, "hbm_bytes": chip.hbm_bytes,
+                         "hbm_bytes_per_s": chip.hbm_bytes_per_s} if chip else {})}}
 
-    def write() -> None:
-        out["elapsed_s"] = time.perf_counter() - t_start
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=1, default=float) + "\n")
 
-    print(f"chip: {chip.name if chip else 'none'} ({chip_source}); {note}", file=sys.stderr)
-    mat = measure_matmul(*((256, 2) if args.tiny else (8192, 16)), repeats=3)
-    mat["of_spec_peak"] = mat["flops_per_s"] / chip.bf16_flops if chip else None
-    out["matmul"] = mat
-    out["plan"] = {"available": False, "reason": "plan unavailable: not reached"}
-    write()
+def measure(out: dict, cfg: config_lib.RunConfig, chip: chips.Chip | None, steps: int,
+            deadline: float, measured_peak: float, write: Any) -> None:
+    """The RL steps, the plan and the figures into `out`; a failure is recorded there (its
+    status), never raised."""
     trainer = None
     try:
         trainer = lib.BenchTrainer(cfg, lib.CompileCounter())
-        shapes["microbatches"] = trainer.spec.optim.microbatches  # as the trainer resolved it
-        run_steps(trainer, args.steps, deadline, out, write)
-        if len(out["steps"]) < args.steps:  # the figures of the steps that ran, flagged
-            out["errors"].append(f"only {len(out['steps'])} of {args.steps} steps ran" + (
+        # as the trainer resolved it
+        out["meta"]["shapes"]["microbatches"] = trainer.spec.optim.microbatches
+        run_steps(trainer, steps, deadline, out, write)
+        if len(out["steps"]) < steps:  # the figures of the steps that ran, flagged
+            out["errors"].append(f"only {len(out['steps'])} of {steps} steps ran" + (
                 ": the figures are step 1's, compiles included" if len(out["steps"]) == 1
                 else ""))
         stats = trainer.device.memory_stats()  # before the plan's own compiles
@@ -407,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         out["plan"] = plan_figures(cfg, chip) if left > need else {
             "available": False, "reason": f"plan unavailable: skipped, {left:.0f} s left of "
             f"--time-limit and step 1 compiled for {need:.0f} s"}
-        derive(out, cfg, trainer, chip, mat["flops_per_s"], stats)
+        derive(out, cfg, trainer, chip, measured_peak, stats)
         out["status"] = "ok" if not out["errors"] else "incomplete"
     except Exception as e:  # noqa: BLE001 - recorded, and the exit status says it failed
         text = f"{type(e).__name__}: {e}"
@@ -420,6 +425,37 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if trainer is not None:
             trainer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra, cfg = parse_args(argv)
+    preset = config_lib.load(f"{REPO}/{CONFIG}")
+    t_start = time.perf_counter()
+    deadline = t_start + args.time_limit
+    try:
+        hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    except RuntimeError:  # called in a process whose jax already started (the tests)
+        pass
+    device = jax.devices()[0]
+    chip, chip_source = resolve_chip(device.device_kind, args.chip)
+    out: dict[str, Any] = {
+        "meta": metadata(args, extra, cfg, preset, device, chip, chip_source),
+        "status": "running", "errors": [], "steps": []}
+    path = Path(args.out)
+
+    def write() -> None:
+        out["elapsed_s"] = time.perf_counter() - t_start
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1, default=float) + "\n")
+
+    print(f"chip: {chip.name if chip else 'none'} ({chip_source}); "
+          f"{out['meta']['shapes_note']}", file=sys.stderr)
+    mat = measure_matmul(*((256, 2) if args.tiny else (8192, 16)), repeats=3)
+    mat["of_spec_peak"] = mat["flops_per_s"] / chip.bf16_flops if chip else None
+    out["matmul"] = mat
+    out["plan"] = {"available": False, "reason": "plan unavailable: not reached"}
+    write()
+    measure(out, cfg, chip, args.steps, deadline, mat["flops_per_s"], write)
     write()
     print(table(out))
     print(f"wrote {path}", file=sys.stderr)

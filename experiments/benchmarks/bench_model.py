@@ -130,6 +130,48 @@ def decode_attention_time(c: models.Qwen3Config, rows: int, prompt_len: int, ste
 
 def bench_size(name: str, trials: int, peak: dict[str, float], attention_impl: str) -> dict:
     cfg = SIZES[name]
+    hf, m = _models(cfg, attention_impl)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg["vocab_size"], (TRAIN_B, TRAIN_T))
+    with torch.no_grad():
+        ref = hf(torch.from_numpy(tokens)).logits.numpy()
+    logits_diff = float(np.abs(np.asarray(m(tokens)) - ref).max())
+    t_hf, t_jax, train_compile = _bench_train(hf, m, tokens, trials)
+    train_tokens = TRAIN_B * TRAIN_T
+    flops = train_flops_per_token(cfg) * train_tokens
+    best_peak = max(peak.values())
+    prompts = rng.integers(0, cfg["vocab_size"], (SAMPLE_B, SAMPLE_P))
+    s_hf, s_jax, sample_compile = _bench_sample(hf, m, prompts, trials)
+    gen_tokens = SAMPLE_B * SAMPLE_N
+    steps = SAMPLE_N - 1
+    floor = decode_matmul_floor(m, SAMPLE_B, steps, trials)
+    attn = decode_attention_time(m.config, SAMPLE_B, SAMPLE_P, steps, trials)
+    return {
+        "size": name, **cfg, "attention": attention_impl,
+        "logits_max_abs_diff": logits_diff,
+        "train_tok_s_hf": train_tokens / t_hf, "train_tok_s_ours": train_tokens / t_jax,
+        "train_ratio": t_hf / t_jax,
+        "train_mfu_ours": flops / t_jax / 1e9 / peak["jax"],
+        "train_mfu_hf": flops / t_hf / 1e9 / peak["torch"],
+        "train_mfu_ours_vs_best_matmul": flops / t_jax / 1e9 / best_peak,
+        "train_mfu_hf_vs_best_matmul": flops / t_hf / 1e9 / best_peak,
+        "sample_tok_s_hf": gen_tokens / s_hf, "sample_tok_s_ours": gen_tokens / s_jax,
+        "sample_ratio": s_hf / s_jax,
+        # Our decode's matmuls alone: no sampler of ours can beat this rate on this machine.
+        "sample_tok_s_matmul_floor": gen_tokens / floor,
+        "sample_ratio_bound_by_matmuls": s_hf / floor,
+        # Decode-step breakdown (ms per step): ours, its matmuls alone, its decode attention
+        # alone (every layer, the row cache at the widths the sampler's segments use).
+        "decode_ms_per_step_ours": s_jax / steps * 1e3,
+        "decode_ms_per_step_matmuls": floor / steps * 1e3,
+        "decode_ms_per_step_attention": attn / steps * 1e3,
+        "decode_ms_per_step_hf": s_hf / steps * 1e3,
+        "compile_s_train_step": train_compile, "compile_s_sampler": sample_compile,
+    }
+
+
+def _models(cfg: dict, attention_impl: str):
+    """A random HF Qwen3 (torch seed 0) and ours loaded from its safetensors."""
     torch.manual_seed(0)
     hf_cfg = transformers.Qwen3Config(**cfg, rope_theta=1e6, tie_word_embeddings=False,
                                       max_position_embeddings=512)
@@ -137,13 +179,11 @@ def bench_size(name: str, trials: int, peak: dict[str, float], attention_impl: s
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         m = models.load_hf(tmp, attention=attention_impl)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, cfg["vocab_size"], (TRAIN_B, TRAIN_T))
-    with torch.no_grad():
-        ref = hf(torch.from_numpy(tokens)).logits.numpy()
-    logits_diff = float(np.abs(np.asarray(m(tokens)) - ref).max())
+    return hf, m
 
-    # ---- train step
+
+def _bench_train(hf, m, tokens: np.ndarray, trials: int) -> tuple[float, float, float]:
+    """(HF's best train-step seconds, ours, our step's compile seconds) on `tokens` [B, T]."""
     hf.train()
     opt_t = torch.optim.AdamW(hf.parameters(), lr=LR)
     t_tokens = torch.from_numpy(tokens)
@@ -183,13 +223,13 @@ def bench_size(name: str, trials: int, peak: dict[str, float], attention_impl: s
     for _ in range(trials):
         t_hf = min(t_hf, best_time(hf_step, 1, 3))
         t_jax = min(t_jax, best_time(jax_step, 1, 3))
-    train_tokens = TRAIN_B * TRAIN_T
-    flops = train_flops_per_token(cfg) * train_tokens
-    best_peak = max(peak.values())
+    return t_hf, t_jax, train_compile
 
-    # ---- sampling
+
+def _bench_sample(hf, m, prompts: np.ndarray, trials: int) -> tuple[float, float, float]:
+    """(HF's best generate seconds, ours, our sampler's compile seconds) for `prompts`
+    [SAMPLE_B, SAMPLE_P], SAMPLE_N new tokens each."""
     hf.eval()
-    prompts = rng.integers(0, cfg["vocab_size"], (SAMPLE_B, SAMPLE_P))
     lens = np.full((SAMPLE_B,), SAMPLE_P)
     t_prompts = torch.from_numpy(prompts)
 
@@ -220,32 +260,7 @@ def bench_size(name: str, trials: int, peak: dict[str, float], attention_impl: s
     for _ in range(trials):
         s_hf = min(s_hf, best_time(hf_generate, 1, 1))
         s_jax = min(s_jax, best_time(jax_generate, 1, 2))
-    gen_tokens = SAMPLE_B * SAMPLE_N
-    steps = SAMPLE_N - 1
-    floor = decode_matmul_floor(m, SAMPLE_B, steps, trials)
-    attn = decode_attention_time(m.config, SAMPLE_B, SAMPLE_P, steps, trials)
-    return {
-        "size": name, **cfg, "attention": attention_impl,
-        "logits_max_abs_diff": logits_diff,
-        "train_tok_s_hf": train_tokens / t_hf, "train_tok_s_ours": train_tokens / t_jax,
-        "train_ratio": t_hf / t_jax,
-        "train_mfu_ours": flops / t_jax / 1e9 / peak["jax"],
-        "train_mfu_hf": flops / t_hf / 1e9 / peak["torch"],
-        "train_mfu_ours_vs_best_matmul": flops / t_jax / 1e9 / best_peak,
-        "train_mfu_hf_vs_best_matmul": flops / t_hf / 1e9 / best_peak,
-        "sample_tok_s_hf": gen_tokens / s_hf, "sample_tok_s_ours": gen_tokens / s_jax,
-        "sample_ratio": s_hf / s_jax,
-        # Our decode's matmuls alone: no sampler of ours can beat this rate on this machine.
-        "sample_tok_s_matmul_floor": gen_tokens / floor,
-        "sample_ratio_bound_by_matmuls": s_hf / floor,
-        # Decode-step breakdown (ms per step): ours, its matmuls alone, its decode attention
-        # alone (every layer, the row cache at the widths the sampler's segments use).
-        "decode_ms_per_step_ours": s_jax / steps * 1e3,
-        "decode_ms_per_step_matmuls": floor / steps * 1e3,
-        "decode_ms_per_step_attention": attn / steps * 1e3,
-        "decode_ms_per_step_hf": s_hf / steps * 1e3,
-        "compile_s_train_step": train_compile, "compile_s_sampler": sample_compile,
-    }
+    return s_hf, s_jax, sample_compile
 
 
 def main():

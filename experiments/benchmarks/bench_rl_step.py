@@ -30,12 +30,13 @@ compiles at step 1); the median of the rest is reported. Compile time is measure
 step, from jax.monitoring's compile events. TRL is timed with a TrainerCallback (on_step_begin ..
 on_step_end) and broken down by wrapping model.generate, the log-prob function (no grad =
 reference pass, grad = policy forward), accelerator.backward and the optimizer callbacks.
-`--profile` adds a breakdown of our update: its log-prob passes, forward + backward, optimizer
-and one layer's attention, each jitted alone at the last step's shapes, with XLA's cost
-analysis (FLOPs, bytes); "update_other" = whole update - its parts (negative when the fused
-update is cheaper than the parts run alone). Other processes on the machine distort both sides,
-torch's 2-thread generate by far the most (its per-token ops wait on each other's threads): the
-JSON records the load average; pin to one core (taskset -c 0) for a contention-robust check.
+`--profile` adds a breakdown of our update (rl_step_profile.py): its log-prob passes, forward +
+backward, optimizer and one layer's attention, each jitted alone at the last step's shapes, with
+XLA's cost analysis (FLOPs, bytes); "update_other" = whole update - its parts (negative when the
+fused update is cheaper than the parts run alone). Other processes on the machine distort both
+sides, torch's 2-thread generate by far the most (its per-token ops wait on each other's
+threads): the JSON records the load average; pin to one core (taskset -c 0) for a
+contention-robust check.
 
 Model FLOPs: 2·N per token per forward, 6·N per token for forward + backward, with N = matmul
 weights incl. the tied unembedding (norms and the embedding gather are not matmuls; causal
@@ -61,21 +62,19 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
 
 from ibpo_jax import config as config_lib
-from ibpo_jax import host, hostmem, models, rewards
+from ibpo_jax import host, hostmem, rewards
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CHARS, SPECIALS, CharTokenizer
-from ibpo_jax.models import attention
-from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.loop import Trainer, build_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_model import best_time, matmul_gflops  # noqa: E402 - a sibling script
+from bench_model import matmul_gflops  # noqa: E402 - a sibling script
+from rl_step_profile import profile_update  # noqa: E402 - a sibling module
 
 REPO = Path(__file__).resolve().parents[2]
 # The issue asks for vocab 64; the arith char tokenizer has 80 ids, so the model has 80.
@@ -223,85 +222,6 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
     return out
 
 
-def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, key,
-                   plan) -> dict:
-    """Our update's parts at the last step's shapes (its model rows in the trainer's layout),
-    each jitted alone (best of 3, seconds), with XLA's cost analysis of each."""
-    c, o, g = trainer.base.config, trainer.base.options, trainer.spec.group_size
-    grouped = trainer.spec.layout == "grouped"
-    if grouped:
-        mask = jnp.arange(rollout.response.shape[1])[None] < rollout.response_len[:, None]
-        p, r = rollout.prompt.shape[1], rollout.response.shape[1]
-        n, t, s = rollout.response.shape[0], r, p + r  # the responses' attention
-        prompt_mask = jnp.arange(p)[None] >= (p - rollout.prompt_len)[:, None]
-        attn_mask = attention.grouped_mask(prompt_mask[::g], g, r)
-    else:
-        tokens, segments, _ = packing.pack(plan, rollout.prompt, rollout.prompt_len,
-                                           rollout.response, rollout.response_len)
-        (n, t), s = tokens.shape, tokens.shape[1]
-        attn_mask = attention.causal_mask(segments > 0, segments)
-
-    def logp(prm, entropy):
-        if grouped:
-            out = models.response_logprobs(c, o, prm, rollout.prompt[::g],
-                                           rollout.prompt_len[::g], rollout.response,
-                                           return_entropy=entropy)
-            return out._replace(logprobs=jnp.where(mask, out.logprobs, 0.0))
-        return models.token_logprobs(c, o, prm, tokens, segment_ids=segments,
-                                     return_entropy=entropy)
-
-    def masked_sum(prm):
-        return jnp.sum(logp(prm, False).logprobs)  # 0 at padding and each row's first token
-
-    def opt_step(prm, opt_state, grads):
-        upd, opt_state = trainer.optimizer.update(grads, opt_state, prm)
-        return jax.tree.map(jnp.add, prm, upd), opt_state
-
-    # One layer's attention at the same shapes (q [N, K, G, T, H], k/v [N, K, S, H]).
-    kq = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(kq[0], (n, c.num_key_value_heads, c.num_groups, t, c.head_dim))
-    k, v = (jax.random.normal(kk, (n, c.num_key_value_heads, s, c.head_dim)) for kk in kq[1:])
-    def attend(q, k, v):  # the kernel the model config picks (model.attention)
-        return attention.self_attention(q, k, v, attn_mask, o.attention)
-
-    def attn_sum(q, k, v):
-        return jnp.sum(attend(q, k, v))
-
-    parts = {
-        "logprob_pass_with_entropy": (lambda prm: logp(prm, True), (state.params,)),
-        "logprob_pass": (lambda prm: logp(prm, False), (state.params,)),
-        "fwd_bwd": (jax.grad(masked_sum), (state.params,)),
-        "optimizer": (opt_step, (state.params, state.opt_state, state.params)),
-        "attention_one_layer_fwd": (attend, (q, k, v)),
-        "attention_one_layer_fwd_bwd": (jax.grad(attn_sum, argnums=(0, 1, 2)), (q, k, v)),
-    }
-    out, cost = {}, {}
-    with jax.set_mesh(trainer.mesh):
-        for name, (fn, fn_args) in parts.items():
-            compiled = jax.jit(fn).lower(*fn_args).compile()
-            ca = compiled.cost_analysis()
-            ca = ca[0] if isinstance(ca, list) else ca
-            cost[name] = {"gflop": ca.get("flops", 0.0) / 1e9,
-                          "gbytes_accessed": ca.get("bytes accessed", 0.0) / 1e9}
-            jax.block_until_ready(compiled(*fn_args))
-            out[name] = best_time(lambda: jax.block_until_ready(compiled(*fn_args)), 3, 1)
-
-        def whole():
-            jax.block_until_ready(update(jax.tree.map(jnp.copy, state), ref_params, rollout,
-                                         cred, key, plan))
-
-        whole()
-        out["update_total"] = best_time(whole, 3, 1)
-    # The update's own parts: a separate old pass (with entropy) only with several updates.
-    own = ("logprob_pass", "fwd_bwd", "optimizer") + (
-        () if trainer.spec.single_update else ("logprob_pass_with_entropy",))
-    out["update_other"] = out["update_total"] - sum(out[k] for k in own)
-    out["xla_cost_analysis"] = cost
-    out["layout"] = trainer.spec.layout
-    out["attention_rows_queries_keys"] = [n, t, s]
-    return out
-
-
 # ------------------------------------------------------------------------------ TRL
 
 
@@ -328,7 +248,7 @@ class _Clock:
 def bench_trl(ckpt: Path, records: list[dict], prompt_text, args, prompt_lens: np.ndarray,
               peak: float, workdir: Path) -> dict:
     import datasets
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     tokenizer = char_tokenizer_fast()
     ours_tok = CharTokenizer()
@@ -348,19 +268,7 @@ def bench_trl(ckpt: Path, records: list[dict], prompt_text, args, prompt_lens: n
 
     data = datasets.Dataset.from_list(
         [{"prompt": prompt_text(r), "record_index": i} for i, r in enumerate(records)])
-    config = GRPOConfig(
-        output_dir=str(workdir), per_device_train_batch_size=MICRO_ROWS,
-        gradient_accumulation_steps=PROMPTS * G // MICRO_ROWS,
-        steps_per_generation=PROMPTS * G // MICRO_ROWS, num_iterations=1,
-        num_generations=G, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
-        top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, beta=BETA, importance_sampling_level="sequence",
-        loss_type="grpo", epsilon=GSPO_EPS[0], epsilon_high=GSPO_EPS[1], scale_rewards="group",
-        use_bias_correction_kl=False, gradient_checkpointing=False, bf16=False, fp16=False,
-        use_cpu=True, max_steps=args.steps, shuffle_dataset=False, seed=0, report_to="none",
-        save_strategy="no", logging_steps=args.steps, disable_dropout=True, disable_tqdm=True,
-        dataloader_num_workers=0, remove_unused_columns=False,
-    )
+    config = trl_config(args, workdir)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=arith_reward, args=config,
                           train_dataset=data, processing_class=tokenizer)
@@ -389,6 +297,31 @@ def bench_trl(ckpt: Path, records: list[dict], prompt_text, args, prompt_lens: n
         lambda: "policy_forward" if torch.is_grad_enabled() else "reference_logprobs")
     trainer.accelerator.backward = clock.wrap(trainer.accelerator.backward, "backward")
     trainer.train()
+    return trl_summary(times, parts, response_tokens, args, prompt_lens, peak)
+
+
+def trl_config(args, workdir: Path):
+    """TRL's GRPOConfig: GSPO at the same batch, micro-batches, lr, β and clip range as ours."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(workdir), per_device_train_batch_size=MICRO_ROWS,
+        gradient_accumulation_steps=PROMPTS * G // MICRO_ROWS,
+        steps_per_generation=PROMPTS * G // MICRO_ROWS, num_iterations=1,
+        num_generations=G, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0,
+        top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=1.0, beta=BETA, importance_sampling_level="sequence",
+        loss_type="grpo", epsilon=GSPO_EPS[0], epsilon_high=GSPO_EPS[1], scale_rewards="group",
+        use_bias_correction_kl=False, gradient_checkpointing=False, bf16=False, fp16=False,
+        use_cpu=True, max_steps=args.steps, shuffle_dataset=False, seed=0, report_to="none",
+        save_strategy="no", logging_steps=args.steps, disable_dropout=True, disable_tqdm=True,
+        dataloader_num_workers=0, remove_unused_columns=False,
+    )
+
+
+def trl_summary(times: list[float], parts: list[dict[str, float]], response_tokens: list[int],
+                args, prompt_lens: np.ndarray, peak: float) -> dict:
+    """TRL's step times, breakdown and MFU (its reference pass only: no old-log-prob pass)."""
     labels = ("generate", "reward", "reference_logprobs", "policy_forward", "backward",
               "optimizer")
     assert len(times) == len(response_tokens) == args.steps, (len(times), args.steps)
@@ -411,7 +344,8 @@ def bench_trl(ckpt: Path, records: list[dict], prompt_text, args, prompt_lens: n
 # ------------------------------------------------------------------------------ main
 
 
-def main():
+def parse_args() -> tuple[argparse.Namespace, list[str]]:
+    """The command line and our configs to run."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=7, help="steps per side, warm-up included")
     parser.add_argument("--warmup", type=int, default=2, help="untimed first steps per side")
@@ -422,7 +356,6 @@ def main():
     parser.add_argument("--quick", action="store_true", help="smoke check: 3 steps, 2 warm-up")
     parser.add_argument("--data-dir", default="", help="arith dataset cache (default: a temp dir)")
     args = parser.parse_args()
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     if args.quick:
         args.steps, args.warmup = 3, 2
     if not 0 < args.warmup < args.steps:
@@ -430,6 +363,12 @@ def main():
     algos = args.algos.split(",")
     if set(algos) - set(ALGOS):
         parser.error(f"--algos: choose from {ALGOS}")
+    return args, algos
+
+
+def main():
+    args, algos = parse_args()
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)  # as many as XLA:CPU, whose pool is left at its default
     compiles = _CompileClock()
@@ -453,7 +392,12 @@ def main():
                               peak["jax"], compiles, args.profile) for a in algos}
         trl = bench_trl(tmp / "model", records, task.prompt_text, args, prompt_lens,
                         peak["torch"], tmp / "trl")
+    print(json.dumps(result(ours, trl, peak, args, cores, load_before)), flush=True)
 
+
+def result(ours: dict[str, dict], trl: dict, peak: dict[str, float], args, cores: int,
+           load_before: tuple[float, float, float]) -> dict:
+    """The one JSON line: both sides' times, breakdowns, MFU and the setting they ran in."""
     n_params = matmul_params(MODEL)
     out = {
         "bench": "rl_step",
@@ -508,7 +452,7 @@ def main():
             out["notes"].append(f"{a}: jax compiled during a timed step; raise --warmup")
         if "update_profile" in r:
             out.setdefault("ours_update_profile", {})[a] = r["update_profile"]
-    print(json.dumps(out), flush=True)
+    return out
 
 
 if __name__ == "__main__":

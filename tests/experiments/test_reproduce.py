@@ -44,6 +44,11 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         assert (out / "arith" / "credit.png").stat().st_size > 1000
         assert (out / "runs" / "arith" / "credit_s0.json").exists()
         return
+    if name == "prefix_credit":  # a probe of the base (and final policies): no runs of its own
+        assert re.search(r"^\| base policy \| 1 \|", md, re.M), md
+        assert (out / "arith" / "prefix_credit.png").stat().st_size > 1000
+        assert (out / "runs" / "arith" / "prefix_credit_s0.json").exists()
+        return
     if name == "variants":  # + the probe: variants on the same batches of the base policy
         section = md.split("## Same batches, at the base policy")[1]
         row = next(line for line in section.splitlines() if line.startswith("| IBPO-GSPO |"))
@@ -114,8 +119,12 @@ def test_summary_links_every_item_and_records_are_compact(smoke_out):
     summary = (out / "README.md").read_text()
     for name in items.ORDER:
         assert f"(arith/{name}.md)" in summary
-    records = list((out / "runs" / "arith").glob("*.json"))
+    # Training records stay compact; a probe's (its histograms per node class) under 40 KB.
+    probes = {f"{n}_s0.json" for n in items.ORDER if not items.ITEMS[n].runs}
+    records = [r for r in (out / "runs" / "arith").glob("*.json") if r.name not in probes]
     assert records and all(r.stat().st_size < 20_000 for r in records)
+    assert all((out / "runs" / "arith" / p).stat().st_size < 40_000
+               for p in probes if (out / "runs" / "arith" / p).exists())
     rec = json.loads(records[0].read_text())
     assert rec["command"].startswith("-m ibpo_jax.train") and rec["rows"][-1]["eval_accuracy"] >= 0
     # Each record names the base it started from (the smoke warm start) and the host's CPU.

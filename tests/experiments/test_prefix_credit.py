@@ -1,0 +1,168 @@
+"""The `prefix_credit` probe (issue #47) on a group built by hand: node classes, members and net
+update weights against hand-computed values; the first wrong token against `arith.check`; the
+per-class summary and IBPO's concentration; the whole probe on the smoke preset."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments import base_probe
+from experiments import prefix_credit as pc
+from ibpo_jax import config, losses
+from ibpo_jax.data import arith
+from ibpo_jax.data.tokenizer import CharTokenizer
+from ibpo_jax.trainer.checkpoint import Checkpointer
+
+ROOT = Path(__file__).parents[2]
+S, U, E, C = (pc.CLASSES.index(c) for c in ("shared", "unshared", "post_error", "correct_only"))
+
+# Two right responses, two wrong ones, each wrong at its last token (t = 3). w2 goes the way of
+# r0 until its error (a right prefix correct peers share); w3 leaves them after its first token,
+# so its tokens 1-2 are right steps no correct peer took. r1 is one token shorter (padding 0).
+TOKENS = np.array([[1, 2, 3, 4],   # r0, right
+                   [1, 2, 5, 0],   # r1, right, length 3
+                   [1, 2, 3, 9],   # w2, wrong from t = 3
+                   [1, 6, 7, 8]])  # w3, wrong from t = 3
+LENGTHS = np.array([4, 3, 4, 4])
+MASK = np.arange(4)[None, :] < LENGTHS[:, None]
+CORRECT = np.array([True, True, False, False])
+RIGHT = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 0]], bool)
+A_SEQ = np.array([1.0, 1.0, -0.5, -1.5])  # sequence credit
+A_TOK = np.array([[0.8] * 4, [0.8, 0.8, 0.8, 0.0],  # token credit
+                  [0.2, 0.2, 0.2, -1.0], [0.1, 0.1, 0.1, -2.0]])
+
+
+def _loss(name: str) -> losses.LossSpec:
+    """The arith runs' loss spec (GSPO, seq_mean_token_mean), as `name`."""
+    cfg = config.load(f"{ROOT / 'configs' / 'gspo.py'}:arith_tiny")
+    return dataclasses.replace(cfg.loss, name=name)
+
+
+@pytest.fixture(scope="module")
+def table():
+    zeros = np.zeros((4, 4), np.float32)
+    w = np.stack([np.asarray(losses.token_weights(_loss(name), logp=zeros, old_logp=zeros,
+                                                  adv=adv, mask=MASK))
+                  for name, adv in (("gspo", A_SEQ), ("gspo_token", A_TOK))])
+    # At ratio 1 the loss weighs every token of response i by 1/|y_i| (seq_mean_token_mean).
+    np.testing.assert_allclose(w, np.stack([MASK / LENGTHS[:, None]] * 2), rtol=1e-6)
+    adv = np.stack([np.broadcast_to(A_SEQ[:, None], (4, 4)), A_TOK])
+    return pc.node_table(TOKENS, MASK, CORRECT, RIGHT, adv, w)
+
+
+def test_node_classes_and_members_by_hand(table):
+    assert np.array_equal(table.cls, [[S, S, S, C], [S, S, C, -1], [S, S, S, E], [S, U, U, E]])
+    assert np.array_equal(table.members, [[4, 3, 2, 1], [4, 3, 1, 0], [4, 3, 2, 1],
+                                          [4, 1, 1, 1]])
+    assert np.array_equal(table.right_members, [[2, 2, 1, 1], [2, 2, 1, 0], [2, 2, 1, 0],
+                                                [2, 0, 0, 0]])
+    assert np.array_equal(table.rep, [[1, 1, 1, 1], [0, 0, 1, 0], [0, 0, 0, 1], [0, 1, 1, 1]])
+
+
+def test_net_weight_by_hand(table):
+    # Σ over the node's members of A_i / |y_i|, e.g. the root: 1/4 + 1/3 - 0.5/4 - 1.5/4.
+    seq = [[1 / 12, 11 / 24, 1 / 8, 1 / 4], [1 / 12, 11 / 24, 1 / 3, 0],
+           [1 / 12, 11 / 24, 1 / 8, -1 / 8], [1 / 12, -3 / 8, -3 / 8, -3 / 8]]
+    tok = [[13 / 24, 31 / 60, 1 / 4, 1 / 5], [13 / 24, 31 / 60, 4 / 15, 0],
+           [13 / 24, 31 / 60, 1 / 4, -1 / 4], [13 / 24, 1 / 40, 1 / 40, -1 / 2]]
+    np.testing.assert_allclose(table.net, [seq, tok], atol=1e-6)
+
+
+def test_summary_of_the_hand_group(table):
+    rep = np.asarray(table.rep)
+    seq, tok = (np.asarray(table.net[k])[rep] for k in range(2))
+    # In CREDITS order: the hand sequence credit as GSPO, the token one as IBPO (sequence), and
+    # the sequence one again as IBPO (token), which so changes nothing.
+    members = np.asarray(table.members)[rep]
+    out = pc.summarize(np.asarray(table.cls)[rep], members, np.asarray(table.right_members)[rep],
+                       members == 4, np.stack([seq, tok, seq]))
+    got = out["classes"]
+    assert [got[c]["nodes"] for c in pc.CLASSES] == [3, 2, 2, 2]
+    # GSPO already pays for the shared right prefix (1/12, 11/24, 1/8 > 0), not for the
+    # unshared one (-3/8 twice).
+    assert got["shared"]["gspo"]["ge0"] == 1.0 and got["unshared"]["gspo"]["ge0"] == 0.0
+    # Of the shared ones only the root holds the whole group; the other two: 11/24 and 1/8.
+    assert got["shared"]["whole"] == pytest.approx(1 / 3)
+    assert got["shared"]["gspo_partial"]["n"] == 2
+    assert got["shared"]["gspo_partial"]["mean"] == pytest.approx((11 / 24 + 1 / 8) / 2)
+    # Token credit against sequence credit on the unshared nodes: each -3/8 -> 1/40.
+    change = got["unshared"]["change_ibpo_seq"]
+    assert change["rel"] == pytest.approx((3 / 8 + 1 / 40) * 2 / (3 / 4))
+    assert change["mean"] == pytest.approx(3 / 8 + 1 / 40)
+    # Its share of the whole change, Σ|tok - seq| over the 9 nodes (row-major by rep).
+    total = 11 / 24 + 7 / 120 + 1 / 8 + 1 / 20 + 1 / 15 + 1 / 8 + 2 / 5 + 2 / 5 + 1 / 8
+    assert change["share"] == pytest.approx(0.8 / total)
+    assert got["unshared"]["change_ibpo_token"]["rel"] == 0.0
+    assert out["concentration"]["ibpo_token"] == {"nodes": 0.0, "tokens": 0.0}
+    assert got["shared"]["members"] == pytest.approx(3.0)
+    assert got["shared"]["right_members"] == pytest.approx(5 / 3)
+
+
+def test_concentration():
+    got = pc.concentration(np.array([3.0, 1.0, 0.0, 0.0]), np.array([8, 1, 1, 1]))
+    assert got == {"nodes": 0.5, "tokens": pytest.approx(9 / 11)}  # 80 % of 4 needs 3 + 1
+    assert pc.concentration(np.zeros(3), np.ones(3)) == {"nodes": 0.0, "tokens": 0.0}
+
+
+def test_first_wrong_token_matches_the_checker():
+    tok = CharTokenizer()
+    record = arith.make_record(37, "+-*", [48, 19, 2], id="x")
+    ref = record["reference"]  # "37+48=85\n85-19=66\n66*2=132\nAnswer: 132"
+    texts = [ref, ref + "\n",
+             "37+48=85\n85-19=67\n67*2=134\nAnswer: 134",  # wrong arithmetic on line 1
+             "37+48=85\n",  # stops early
+             "37+48=85\n85-19=66\n66*3=198\nAnswer: 198",  # wrong operand on line 2
+             ref + "\n\n",  # a line after the answer
+             ref.replace("85-19=66", "85-19=67")]  # a slip, yet the right answer: "correct"
+    eos = [True, True, True, True, True, False, True]  # row 5 is cut short, no EOS
+    rows = [tok.encode(t) + ([tok.eos_id] if e else []) for t, e in zip(texts, eos)]
+    lengths = np.array([len(r) for r in rows])
+    tokens = np.zeros((len(rows), lengths.max() + 2), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    checks = [arith.check(t, record) for t in texts]
+    correct = np.array([c.correct for c in checks])
+    infos = [{"first_wrong_step": c.first_wrong_step} for c in checks]
+    got = pc.truth(tok, [record] * len(rows), tokens, lengths, correct, infos)
+    assert list(correct) == [True, True, False, False, False, False, True]
+    first = got.right.argmin(axis=1)  # the first token not right
+    assert list(first[2:6]) == [len("37+48=85\n85-19=6"), len("37+48=85\n"),
+                                len("37+48=85\n85-19=66\n66*"), len(ref + "\n")]
+    # Correct rows count as right throughout; the one off the reference is counted.
+    assert got.right[[0, 1, 6]].all() and got.mismatch == 0 and got.off_reference == 1
+    # The checker's lines: row 2 is wrong from line 1 on, row 4 from line 2 on.
+    assert got.right_step[2].argmin() == len("37+48=85\n")
+    assert got.right_step[4].argmin() == len("37+48=85\n85-19=66\n")
+
+
+def test_probe_end_to_end_on_the_smoke_preset(tmp_path, monkeypatch, smoke_data_dir):
+    monkeypatch.setenv("IBPO_DATA_DIR", str(smoke_data_dir))
+    extra, runs = (("train.steps", "1"),), tmp_path / "runs"
+    # "Final" GSPO and IBPO-GSPO policies of run seed 5: the smoke base, saved at the last step.
+    cfg = config.load(f"{ROOT / 'configs' / 'gspo.py'}:smoke", [*extra, ("seed", "5")])
+    with base_probe.base_trainer(cfg) as (trainer, _):
+        for algo in pc.RUNS.values():
+            ckpt = Checkpointer(runs / f"{algo}_s5" / "checkpoints")
+            ckpt.save(1, trainer.state, {"config": {"algo": algo, "seed": 5}})
+            ckpt.close()
+    files = pc.reproduce(preset="smoke", extra=extra, seeds=1, records_dir=tmp_path / "rec",
+                         out_dir=tmp_path / "out", runs_dir=runs, command="cmd", batches=1)
+    rec = json.loads((tmp_path / "rec" / "prefix_credit_s0.json").read_text())
+    assert rec["trained"]["run_seed"] == 5 and rec["seed"] == 0
+    for part in (rec["base_policy"], *(rec["trained"][label] for label in pc.RUNS)):
+        n = part["counts"]
+        assert n["responses"] == 16 and n["checker_mismatch"] == 0 and n["mixed_groups"] >= 1
+        assert 0 < n["right_shared_all"] <= n["right_shared"] <= n["right_tokens"]
+        assert n["mixed_groups"] + n["no_right_groups"] <= n["groups"] == 4
+        # Every node of the mixed groups is in one class and one histogram bin per credit.
+        nodes = sum(part["classes"][c]["nodes"] for c in pc.CLASSES)
+        for cred in pc.CREDITS:
+            assert sum(sum(part["hist"][c][cred]) for c in pc.CLASSES) == nodes > 0
+    md = (tmp_path / "out" / "prefix_credit.md").read_text()
+    assert "run seeds 5" in md and "**Measured**, base policy" in md
+    assert [f.name for f in files] == ["prefix_credit.md", "prefix_credit.json",
+                                       "prefix_credit.png"]
+    assert (tmp_path / "out" / "prefix_credit.png").stat().st_size > 1000
