@@ -36,6 +36,9 @@ setup(
     extras_require={
         "cuda12": [JAX.replace("jax", "jax[cuda12]", 1)],  # NVIDIA GPUs, CUDA 12 from pip
         "tpu": [JAX.replace("jax", "jax[tpu]", 1)],  # Cloud TPU VMs (libtpu from PyPI)
+        # Viewing DIR/tensorboard/ (`tensorboard --logdir DIR`); the run writes it without.
+        "tensorboard": ["tensorboard>=2.14,<3"],
+        "wandb": ["wandb>=0.17,<1"],  # config.logging.backends=tensorboard,jsonl,wandb
         "dev": [
             "pytest>=8,<10",
             "pytest-xdist>=3.5,<4",

@@ -7,11 +7,14 @@ and seed; metrics.jsonl holds the eval rows and the per-step metrics). Prints a 
 eval accuracy (avg@k) at step 0 and at the last step, the gain, the per-step means of φ over
 wrong responses, of Var(A) under IBPO and under GSPO for the same batches (unnormalized eqs.
 11 / 10) and of the first-error agreement with the arith checker, and wall time per RL step.
+Works on a run of any task: a metric a run did not log (first-error agreement without a
+checker that reports a first wrong step, φ under the terminal operator) shows as —.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -26,10 +29,15 @@ def run_summary(workdir: Path) -> tuple[str, int, dict[str, float]]:
     steps = [r for r in rows if r["step"] > 0]
     if len(evals) < 2 or not steps:
         raise SystemExit(f"{workdir}: unfinished run (needs eval rows at the start and the end)")
-    mean = lambda key: statistics.mean(r[key] for r in steps if key in r)  # noqa: E731
-    step_s = [sum(r[k] for k in r if k.startswith("time_") and k != "time_total_s")
-              for r in steps]
+    step_s = [sum(v for k, v in r.items() if k.startswith("time_") and k != "time_total_s"
+                  and isinstance(v, (int, float))) for r in steps]
     comparing = cfg["ibpo"]["operator"] != "terminal"  # else φ = 0 and no first error
+
+    def mean(key: str) -> float:
+        """Over the steps that logged `key` (a number); NaN (shown —) when none did."""
+        vals = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
+        return statistics.mean(vals) if vals else math.nan
+
     return cfg["algo"], cfg["seed"], {
         "base": evals[0]["eval_accuracy"],
         "final": evals[-1]["eval_accuracy"],
@@ -43,8 +51,9 @@ def run_summary(workdir: Path) -> tuple[str, int, dict[str, float]]:
 
 
 def _fmt(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    if any(v != v for v in values):  # NaN: not defined for this algorithm
-        return "n/a"
+    values = [v for v in values if not math.isnan(v)]  # a seed that did not log it
+    if not values:  # not logged, or not defined for this algorithm
+        return "—"
     m = statistics.mean(values) * scale
     if len(values) < 2:
         return f"{m:.{digits}f}"

@@ -12,7 +12,8 @@ the devices) prints ``config error: <message>`` and exits 2; any other user erro
 checkpoint, a busy workdir, a sandbox, a multi-process launch that does not start) prints
 ``error: <message>`` and exits 1. Each message already names its culprit. ``--debug`` or
 ``IBPO_DEBUG=1`` re-raises instead, with the traceback. Anything else is a bug and keeps its
-traceback.
+traceback. A training run stopped by SIGINT / SIGTERM exits 3 (`EXIT_STOPPED`) after its
+checkpoint: not an error, it resumes.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 EXIT_CONFIG = 2
 EXIT_USER = 1
+EXIT_STOPPED = 3  # stopped on a signal, checkpointed: resumable (ibpo_jax.train)
 
 
 def config_errors() -> tuple[type[BaseException], ...]:

@@ -26,6 +26,7 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ibpo_jax.config_logging import LoggingConfig
 from ibpo_jax.config_sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
@@ -58,9 +59,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MIN_TEMPERATURE", "AdvantageConfig", "ArithTaskConfig", "CancellationConfig", "ConfigError",
-    "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LossConfig", "MeshConfig", "ModelConfig",
-    "OptimConfig", "PrmConfig", "RewardConfig", "RolloutConfig", "RunConfig", "ScoreConfig",
-    "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig", "WarmStartConfig",
+    "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LoggingConfig", "LossConfig", "MeshConfig",
+    "ModelConfig", "OptimConfig", "PrmConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+    "ScoreConfig", "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig",
+    "WarmStartConfig",
     "defaults", "from_config_dict", "from_dict", "load", "load_config_dict", "parse_overrides",
 ]
 
@@ -103,6 +105,8 @@ class RunConfig(_Section):
     """The supervised warm start of the embedded task."""
     diagnostics: DiagnosticsConfig = dataclasses.field(default_factory=DiagnosticsConfig)
     """Extra, costlier diagnostics."""
+    logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
+    """Metric backends and the evaluation samples shown."""
     prm: PrmConfig = dataclasses.field(default_factory=PrmConfig)
     """PRM+GSPO's process reward model (DESIGN §7)."""
     score: ScoreConfig = dataclasses.field(default_factory=ScoreConfig)

@@ -84,6 +84,8 @@ class TaskConfig(_Section):
     """The evaluation task's files (file-backed tasks)."""
     thinking: bool = False
     """Qwen3 chat template's thinking switch (HF tokenizers only)."""
+    fields: str = ""
+    """Columns under other names, "column:field,..." (e.g. "question:prompt"; docs/data.md)."""
     arith: ArithTaskConfig = dataclasses.field(default_factory=ArithTaskConfig)
     """The embedded `arith` task's generator settings."""
     countdown: CountdownTaskConfig = dataclasses.field(default_factory=CountdownTaskConfig)

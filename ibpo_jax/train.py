@@ -4,12 +4,16 @@
 With no other argument it runs the embedded default (the `arith` task and a tiny Qwen3, warm
 started from nothing); a ``qwen3_*_math`` preset plus ``--config.model.checkpoint=/path`` and
 ``--config.task.path=/data.jsonl`` runs the paper's setting. A workdir that holds checkpoints is
-resumed from the latest. The loop itself lives in ``ibpo_jax.trainer.loop``.
+resumed from the latest. SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) finish the
+current step, checkpoint it and exit with code 3 (`cli.EXIT_STOPPED`) and one line giving the
+command that resumes; a second signal exits at once. The loop itself lives in
+``ibpo_jax.trainer.loop``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from ibpo_jax import cli, config
@@ -55,8 +59,20 @@ def main(argv: list[str]) -> int:
     # Multi-host: the coordinator comes from the cluster environment ("auto": when there is
     # one; a single process needs no override).
     sharding.initialize_distributed(cfg.train.distributed)
-    loop.run(cfg, workdir=args.workdir)
+    try:
+        loop.run(cfg, workdir=args.workdir)
+    except workdir.RunStopped as stopped:
+        print(f"{stopped}; resume with: {resume_command(argv, args.workdir)}", file=sys.stderr,
+              flush=True)
+        return cli.EXIT_STOPPED
     return 0
+
+
+def resume_command(argv: list[str], workdir: str) -> str:
+    """The command line that resumes this run: the same arguments, the workdir spelled out."""
+    named = any(a == "--workdir" or a.startswith("--workdir=") for a in argv)
+    return shlex.join([sys.executable, "-m", "ibpo_jax.train", *argv,
+                       *([] if named else [f"--workdir={workdir}"])])
 
 
 if __name__ == "__main__":

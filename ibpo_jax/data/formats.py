@@ -9,7 +9,8 @@ Each converter maps one raw row (as published) to a plain-dict record of one of 
     or "call" (LiveCodeBench functional tests: one JSON argument per input line, JSON output).
 
 Column names are configurable: every converter takes `fields`, a mapping from its canonical
-names (the keys of its DEFAULT_FIELDS entry) to the columns of the user's file. A converter
+names (the keys of its DEFAULT_FIELDS entry) to the columns of the user's file; `parse_fields`
+reads it from the config's "column:canonical,..." string (config.task.fields). A converter
 returns None for a row the task does not use (an image problem in OlympiadBench, an interactive
 Codeforces problem); `load_records` counts and logs those.
 
@@ -63,6 +64,29 @@ def _columns(kind: str, fields: Mapping[str, str] | None) -> dict[str, str]:
                          f"configurable: {sorted(cols)}")
     cols.update(fields or {})
     return cols
+
+
+def parse_fields(spec: str, task: str) -> dict[str, str]:
+    """The `fields` mapping {canonical: column} of task `task` (a CONVERTERS name) from the
+    command-line form "column:canonical,..." (e.g. "question:prompt,solution:answer": the
+    file's column `question` is the prompt). Raises ValueError naming the bad entry."""
+    if not spec.strip():
+        return {}
+    if task not in CONVERTERS:
+        raise ValueError(f"task {task!r} reads no files, so it has no columns to map")
+    valid = sorted(DEFAULT_FIELDS[CONVERTERS[task][0]])
+    fields: dict[str, str] = {}
+    for entry in spec.split(","):
+        column, sep, canonical = (part.strip() for part in entry.partition(":"))
+        if not sep or not column or not canonical:
+            raise ValueError(f"entry {entry.strip()!r} is not column:field")
+        if canonical not in valid:
+            raise ValueError(f"entry {entry.strip()!r}: {task} has no field {canonical!r}; "
+                             f"fields: {', '.join(valid)}")
+        if canonical in fields:
+            raise ValueError(f"field {canonical!r} is mapped twice")
+        fields[canonical] = column
+    return fields
 
 
 def _answer_text(value: Any) -> str:

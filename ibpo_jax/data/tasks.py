@@ -62,8 +62,11 @@ class Task:
 
     def split(self, name: str) -> Sequence[dict]:
         if name not in self.splits:
-            raise UnknownSplitError(
-                f"task {self.name!r} has no split {name!r}; available: {sorted(self.splits)}")
+            # A benchmark's file is its one split ("test"): training on it is a choice to state.
+            hint = (f"; to train on it, set config.task.train_split={next(iter(self.splits))}"
+                    if len(self.splits) == 1 else "")
+            raise UnknownSplitError(f"task {self.name!r} has no split {name!r}; available: "
+                                    f"{sorted(self.splits)}{hint}")
         return self.splits[name]()
 
     def prompt_text(self, record: dict) -> str:

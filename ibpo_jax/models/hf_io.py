@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -32,6 +33,7 @@ from ibpo_jax.models.lm import Qwen3LM, abstract_params, make_options
 from ibpo_jax.models.safetensors_io import CheckpointError
 
 VALUE_HEAD_FILE = "value_head.safetensors"
+GENERATION_FILE = "generation_config.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 2**30
 # Tensors some HF checkpoints carry that hold nothing we need.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -208,10 +210,12 @@ def hf_tensors(config: Qwen3Config, params: Any) -> Iterator[tuple[str, np.ndarr
 
 
 def save_hf(m: Qwen3LM, path: str | os.PathLike, *,
-            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+            max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+            config_extra: dict[str, Any] | None = None) -> None:
     """Writes `m` as an HF checkpoint directory (config.json, model.safetensors or
     model-0000k-of-0000n.safetensors + index above `max_shard_bytes`) that
-    `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors keep the params' dtype.
+    `transformers.AutoModelForCausalLM.from_pretrained` loads. Tensors keep the params' dtype;
+    `config_extra` adds keys to config.json (the token ids of `special_ids`).
 
     Tensors are gathered to the host one (layer) at a time and streamed to disk; every process
     must call this (gathers are collective), process 0 writes.
@@ -258,4 +262,54 @@ def save_hf(m: Qwen3LM, path: str | os.PathLike, *,
                   encoding="utf-8") as f:
             json.dump(index, f, indent=2)
     with open(os.path.join(path, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(m.config.to_hf_dict(dtype=m.options.param_dtype), f, indent=2)
+        json.dump({**m.config.to_hf_dict(dtype=m.options.param_dtype), **(config_extra or {})},
+                  f, indent=2)
+
+
+def special_ids(tokenizer: Any) -> dict[str, Any]:
+    """The token ids config.json and generation_config.json carry, of a tokenizer of the
+    protocol in `ibpo_jax.data.tokenizer` (several end ids: a list, as HF writes them)."""
+    eos = list(tokenizer.eos_ids)
+    return {"bos_token_id": tokenizer.bos_id, "pad_token_id": tokenizer.pad_id,
+            "eos_token_id": eos[0] if len(eos) == 1 else eos}
+
+
+def char_tokenizer_fast(tokenizer: Any) -> Any:
+    """A `transformers.PreTrainedTokenizerFast` that encodes and decodes exactly as the char
+    tokenizer `tokenizer` (`ibpo_jax.data.tokenizer.CharTokenizer`): one id per character, its
+    specials at their ids, no unknown token (a character outside the alphabet is an error)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ibpo_jax.data.tokenizer import SPECIALS
+
+    vocab = {name: i for i, name in enumerate(SPECIALS)}
+    vocab.update({tokenizer.decode([i]): i for i in range(len(SPECIALS), tokenizer.vocab_size)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))  # not in vocab: an error
+    # Every character its own piece, newlines and spaces included; decoding joins them bare.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    name = {i: text for text, i in vocab.items()}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=name[tokenizer.pad_id], bos_token=name[tokenizer.bos_id],
+        eos_token=name[tokenizer.eos_id])
+
+
+def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
+    """Writes beside an HF export (`save_hf`) the files that make it usable on its own: the
+    tokenizer (an HF tokenizer: its own files, chat template included; the char tokenizer: the
+    equivalent of `char_tokenizer_fast`) and generation_config.json (the source checkpoint's
+    when the tokenizer was read from one that has it, else the tokenizer's end and pad ids, so
+    `generate` stops at the end of a reply). Process 0 writes."""
+    if jax.process_index() != 0:
+        return
+    path = os.fspath(path)
+    hf_tokenizer = getattr(tokenizer, "tokenizer", None)  # ibpo_jax.data.hf.HFTokenizer
+    (hf_tokenizer or char_tokenizer_fast(tokenizer)).save_pretrained(path)
+    source = os.path.join(getattr(hf_tokenizer, "name_or_path", "") or "", GENERATION_FILE)
+    target = os.path.join(path, GENERATION_FILE)
+    if hf_tokenizer is not None and os.path.isfile(source):
+        shutil.copyfile(source, target)
+        return
+    with open(target, "w", encoding="utf-8") as f:
+        json.dump(special_ids(tokenizer), f, indent=2)

@@ -63,7 +63,8 @@ def final_hidden(config: Qwen3Config, options: ModelOptions, params: Any, tokens
                  layout: sharding.ShardingSpec = sharding.TRAINING) -> Array:
     """The final-normed hidden states [B, T, D] float32 that `forward`'s logits are computed
     from (tokens, attention_mask as in `forward`); the features of heads on the backbone, such
-    as the PRM's (`ibpo_jax.prm`). Values at padding positions are finite but meaningless."""
+    as the PRM's (`ibpo_jax.methods.prm`). Values at padding positions are finite but
+    meaningless."""
     mask = _check_tokens(tokens, attention_mask)
     model = Qwen3(config, options, layout)
     hidden, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask,

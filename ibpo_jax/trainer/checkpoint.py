@@ -16,6 +16,7 @@ do not fit the state being restored (another model or optimizer) is not damage: 
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -68,6 +69,12 @@ def tree_mismatch(saved: Any, target: Any) -> list[str]:
     return out
 
 
+def _read_only_notice(record: logging.LogRecord) -> bool:
+    """False for orbax's notice that a read-only manager's directory is read only: the resume
+    checks and evaluation open one on purpose, and a warning per start reads like a fault."""
+    return not str(record.msg).startswith("Given directory is read only")
+
+
 def _reason(error: Exception) -> str:
     """One short line for an orbax / tensorstore error (theirs run to pages of specs)."""
     text = str(error).strip().splitlines()
@@ -88,13 +95,19 @@ class Checkpointer:
         self._read_only = read_only
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,  # orbax warns when it sets this itself
             create=not read_only,
             read_only=read_only,
             # Synchronous saves: the next step donates the buffers that are being written.
             enable_async_checkpointing=False,
             cleanup_tmp_directories=not read_only,  # leftovers of a run killed mid-save
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        absl_log = logging.getLogger("absl")  # orbax's: it warns on every read-only manager
+        absl_log.addFilter(_read_only_notice)
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        finally:
+            absl_log.removeFilter(_read_only_notice)
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()

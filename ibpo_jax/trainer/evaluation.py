@@ -4,6 +4,8 @@ Prompts are processed in fixed-size chunks (the last one padded by repeating a p
 sampler compiles once; the key is fixed, so evaluations at different steps see the same draws.
 With `progress`, a bar (the trainer's style: tqdm on stderr, process 0) counts the problems
 done and shows the ETA and the running accuracy: at 8,192 new tokens a chunk takes minutes.
+With `shown`, the first sample of the first few problems is kept for people to read (the run's
+samples.jsonl and TensorBoard text).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ EVAL_KEY = 0x5EED  # evaluation draws do not depend on the training step or seed
 def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, tokenizer: Any,
              pool: Any, samples: int, chunk: int, max_prompt_len: int,
              second: Callable[[list[dict], list[str], Any], np.ndarray] | None = None,
-             progress: bool = False, desc: str = "eval", leave: bool = False
-             ) -> dict[str, float]:
+             progress: bool = False, desc: str = "eval", leave: bool = False,
+             shown: tuple[int, list[dict]] | None = None) -> dict[str, float]:
     """Scores `samples` responses per record; returns eval_accuracy (avg@k) and eval_pass_at_k.
 
     generate: a `sampling.generate_fn(..., num_samples=samples)` function; chunk: prompts per
@@ -34,6 +36,7 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
     texts, key) -> whether each second attempt is correct; the second attempts are then the
     scored answers and the first attempts' accuracy is eval_accuracy_attempt1. progress: show
     the bar, labelled `desc`; `leave`: keep it on screen when done (inside a run, it goes).
+    shown: (n, out): appends to `out` the first sample of the first n problems (`sample_rows`).
     """
     correct = np.zeros((len(records), samples), bool)
     first = np.zeros((len(records), samples), bool)
@@ -55,6 +58,10 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
         correct[start: start + n_real] = first[start: start + n_real] if second is None else (
             second(rows, texts, jax.random.fold_in(key, start + (1 << 20))).reshape(-1, samples))
         lengths.append(lens[:keep])
+        if shown is not None and start < shown[0]:
+            picked = list(range(0, min(n_real, shown[0] - start) * samples, samples))
+            shown[1].extend(sample_rows(task, pool, [rows[i] for i in picked],
+                                        [texts[i] for i in picked]))
         return n_real
 
     # Every chunk is shown (mininterval 0): one takes minutes at long response lengths.
@@ -75,6 +82,22 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
     return out
 
 
+def sample_rows(task: Any, pool: Any, records: Sequence[dict], texts: Sequence[str]
+                ) -> list[dict]:
+    """What people read of evaluation responses: prompt, response, reward, correct and, for a
+    wrong one whose checker reports it (arith), the true first wrong step. Re-scores these few
+    locally: the shared scoring keeps only rewards and correctness."""
+    reward, infos = pool.score(list(records), list(texts))
+    out = []
+    for record, text, r, info in zip(records, texts, reward, infos):
+        row = {"prompt": task.prompt_text(record), "response": text, "reward": float(r),
+               "correct": bool(info["correct"])}
+        if not row["correct"] and info.get("first_wrong_step") is not None:
+            row["first_wrong_step"] = int(info["first_wrong_step"])
+        out.append(row)
+    return out
+
+
 def problems(cfg: Any, task: Any, split: str) -> list[dict]:
     """The problems evaluated: the first config.eval.num_prompts of the task's split."""
     records = task.split(split)
@@ -90,12 +113,15 @@ def chunk_size(cfg: Any) -> int:
 def run(cfg: Any, generate: Any, params: Any, *, records: Sequence[dict], task: Any,
         tokenizer: Any, pool: Any,
         second: Callable[[list[dict], list[str], Any], np.ndarray] | None = None,
-        desc: str = "eval", leave: bool = False) -> dict[str, float]:
+        desc: str = "eval", leave: bool = False, shown: list[dict] | None = None
+        ) -> dict[str, float]:
     """`evaluate` with a run's settings (`cfg`, a RunConfig): config.eval.samples samples per
     problem, `chunk_size` prompts per call, prompts cut at config.rollout.max_prompt_len, the
     bar per config.train.progress. generate: the run's evaluation sampler
-    (`batching.sampler(..., evaluation=True)`)."""
+    (`batching.sampler(..., evaluation=True)`). shown: receives config.logging.samples
+    samples (`sample_rows`)."""
     return evaluate(generate, params, records=records, task=task, tokenizer=tokenizer,
                     pool=pool, samples=cfg.eval.samples, chunk=chunk_size(cfg),
                     max_prompt_len=cfg.rollout.max_prompt_len, second=second,
-                    progress=cfg.train.progress, desc=desc, leave=leave)
+                    progress=cfg.train.progress, desc=desc, leave=leave,
+                    shown=None if shown is None else (cfg.logging.samples, shown))

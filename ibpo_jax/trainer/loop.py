@@ -29,6 +29,7 @@ from ibpo_jax import rewards as rewards_lib
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.methods import base as methods_lib
+from ibpo_jax.models import hf_io
 from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import encode_prompts
@@ -182,12 +183,17 @@ class Trainer:
                                   "budget_trajectories": self.budget,
                                   "config": self.cfg.to_dict()})
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, log: RunLog | None = None, step: int = 0) -> dict[str, float]:
+        """Held-out metrics; with `log`, config.logging.samples samples to it at `step`."""
+        shown = None if log is None else []
         with jax.set_mesh(self.mesh):
-            return evaluation.run(self.cfg, self.eval_generate, self.state.params,
-                                  records=self.eval_records, task=self.eval_task,
-                                  tokenizer=self.tokenizer, pool=self.eval_pool,
-                                  second=self.methods.answer(self.state.params))
+            out = evaluation.run(self.cfg, self.eval_generate, self.state.params,
+                                 records=self.eval_records, task=self.eval_task,
+                                 tokenizer=self.tokenizer, pool=self.eval_pool,
+                                 second=self.methods.answer(self.state.params), shown=shown)
+        if shown:
+            log.samples(step, self.eval_task.name, shown)
+        return out
 
     def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
         """RL step `s` (1-based): sample -> score -> the methods' reward shaping and extra
@@ -400,10 +406,11 @@ class Trainer:
             x, NamedSharding(self.mesh, P())))
 
     def export_hf(self, path: Path) -> None:
-        """The current policy as an HF checkpoint (every process calls it: gathers are
-        collective)."""
+        """The policy as an HF checkpoint transformers uses as is, tokenizer and generation
+        config included (every process calls it: gathers are collective)."""
         models.save_hf(models.Qwen3LM(self.base.config, self.base.options, self.state.params),
-                       path)
+                       path, config_extra=hf_io.special_ids(self.tokenizer))
+        hf_io.save_tokenizer(self.tokenizer, path)
 
     def close(self) -> None:
         self.pool.close()
@@ -413,13 +420,15 @@ class Trainer:
 
 def run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     """Trains per `cfg`, writing outputs under `workdir` (locked for this run alone; a changed
-    config is refused before anything is built); returns the metrics rows."""
-    with workdir_lib.RunLock(workdir, enabled=jax.process_index() == 0):
+    config is refused before anything is built); returns the metrics rows. SIGINT / SIGTERM
+    stop it after the current step with a checkpoint: raises `workdir.RunStopped`."""
+    with (workdir_lib.RunLock(workdir, enabled=jax.process_index() == 0),
+          workdir_lib.StopRequest() as stop):
         workdir_lib.check_latest_config(Path(workdir) / "checkpoints", cfg)
-        return _run(cfg, workdir=workdir)
+        return _run(cfg, workdir=workdir, stop=stop)
 
 
-def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
+def _run(cfg: RunConfig, *, workdir: str | Path, stop: workdir_lib.StopRequest) -> list[dict]:
     trainer = Trainer(cfg, workdir)
     workdir = trainer.workdir
     ckpt = Checkpointer(workdir / "checkpoints", every=cfg.train.checkpoint_every,
@@ -427,9 +436,8 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
     log = None
     try:
         last = trainer.restore(ckpt)
-        log = RunLog(workdir, total_steps=cfg.train.steps,
-                     last_step=-1 if last is None else last, progress=cfg.train.progress,
-                     is_main=trainer.is_main)
+        log = RunLog.for_run(cfg, workdir, last_step=-1 if last is None else last,
+                             is_main=trainer.is_main)
         # Wall time over the run's segments: a resumed run continues its logged total.
         done = [r for r in read_metrics(workdir / "metrics.jsonl") if r["step"] <= (last or 0)]
         t_start = time.perf_counter() - (done[-1].get("time_total_s", 0.0) if done else 0.0)
@@ -438,7 +446,8 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
         trainer.budget += cost if last is None else 0.0
         if last is None:
             log.info("evaluating the base policy")
-            log.write(0, {**trainer.evaluate(), **fitted, "budget_trajectories": trainer.budget,
+            log.write(0, {**trainer.evaluate(log), **fitted,
+                          "budget_trajectories": trainer.budget,
                           "time_total_s": time.perf_counter() - t_start})
         stall = workdir_lib.StallGuard(cfg.optim.epochs * cfg.optim.minibatches)
         for s in range(1 if last is None else last + 1, cfg.train.steps + 1):
@@ -447,12 +456,15 @@ def _run(cfg: RunConfig, *, workdir: str | Path) -> list[dict]:
                 log.record(name, row)
             final = s == cfg.train.steps or 0 < cfg.train.budget <= metrics["budget_trajectories"]
             if s % cfg.train.eval_every == 0 or final:
-                metrics.update(trainer.evaluate())
+                metrics.update(trainer.evaluate(log, s))
             metrics["time_total_s"] = time.perf_counter() - t_start
             log.write(s, metrics)
             stall.check(s, metrics)  # logged first: the rows show the skipped updates
-            if ckpt.should_save(s, last=final):
+            stopping = stop.requested() and not final  # a signal: this step is the last
+            if ckpt.should_save(s, last=final or stopping):
                 trainer.save(ckpt, s)
+            if stopping:
+                raise workdir_lib.RunStopped(stop.signum, s, ckpt.path(s))
             if final:
                 break
         trainer.export_hf(workdir / "hf_final")

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ibpo_jax.config import ConfigError, RunConfig
-from ibpo_jax.data import arith, countdown, get_task
+from ibpo_jax.data import arith, countdown, formats, get_task
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer import policy
 
@@ -50,8 +50,10 @@ def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
     return hf.load_tokenizer(path, vocab_size=vocab_size)
 
 
-def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
-    """Task `name` (a registry.TASKS entry); file-backed tasks read `path`."""
+def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str, *,
+               fields: dict[str, str] | None = None) -> Any:
+    """Task `name` (a registry.TASKS entry); file-backed tasks read `path`, their columns
+    renamed by `fields` ({canonical: column}, formats.parse_fields)."""
     if name in PROCEDURAL:
         return get_task(name, **PROCEDURAL[name](cfg),
                         data_dir=str(policy.data_dir(cfg) / "tfds"))
@@ -59,18 +61,38 @@ def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str) -> Any:
         raise ConfigError(f"task {name!r} reads local files: give its path (config.task.path / "
                          "config.task.eval_path, or --benchmark=name=path)")
     if isinstance(tokenizer, CharTokenizer):
-        return get_task(name, path=path)
-    return get_task(name, path=path, tokenizer=tokenizer, enable_thinking=cfg.task.thinking)
+        return get_task(name, path=path, fields=fields)
+    return get_task(name, path=path, fields=fields, tokenizer=tokenizer,
+                    enable_thinking=cfg.task.thinking)
+
+
+def task_fields(cfg: RunConfig, name: str) -> dict[str, str]:
+    """config.task.fields as task `name`'s column mapping: it applies to the training task and
+    to an evaluation task of the same file format; a bad entry is a ConfigError naming it."""
+    def kind(task: str) -> str:  # the file format (math500 and aime24 differ)
+        return formats.CONVERTERS.get(task, (task,))[0]
+
+    if kind(name) != kind(cfg.task.name):
+        return {}
+    try:
+        return formats.parse_fields(cfg.task.fields, name)
+    except ValueError as e:
+        raise ConfigError(f"config.task.fields={cfg.task.fields!r}: {e}") from None
 
 
 def train_and_eval_tasks(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any, str]:
-    """(training task, evaluation task, evaluation split)."""
-    task = build_task(cfg, tokenizer, cfg.task.name, cfg.task.path)
-    if not cfg.task.eval_name:
-        return task, task, cfg.task.eval_split
-    eval_task = build_task(cfg, tokenizer, cfg.task.eval_name, cfg.task.eval_path)
-    split = cfg.task.eval_split if cfg.task.eval_split in eval_task.splits else None
-    return task, eval_task, split or default_split(eval_task)
+    """(training task, evaluation task, evaluation split). The evaluation task is
+    config.task.eval_name, else the training task, reading config.task.eval_path when given
+    (file tasks); a split the evaluation task lacks falls back to `default_split` (a
+    benchmark's file is its only split, "test")."""
+    t = cfg.task
+    task = build_task(cfg, tokenizer, t.name, t.path, fields=task_fields(cfg, t.name))
+    eval_task = task
+    if t.eval_name or (t.eval_path and t.name not in PROCEDURAL):
+        name = t.eval_name or t.name
+        eval_task = build_task(cfg, tokenizer, name, t.eval_path, fields=task_fields(cfg, name))
+    split = t.eval_split if t.eval_split in eval_task.splits else default_split(eval_task)
+    return task, eval_task, split
 
 
 def default_split(task: Any) -> str:

@@ -11,6 +11,10 @@ stop when the updates have stopped being applied.
   ``config_history.jsonl``, and ``config.json`` keeps the config the run started with.
 - `StallGuard`: K steps in a row whose updates were all skipped as non-finite stop the run
   (the loop would otherwise go on and export the weights of a run that stopped learning).
+- `StopRequest`: SIGINT / SIGTERM finish the current step and checkpoint it, then the run stops
+  (`RunStopped`, the entry point says how to resume); a second signal exits at once.
+- Extending a run: raising train.steps (under a constant schedule) or changing when it
+  evaluates, checkpoints or stops (`OPERATIONAL_KEYS`) is accepted on resume and recorded.
 
 Every error here is a `RunError` (trainer/errors.py): one line that names its culprit
 (workdir, config key, checkpoint); the entry points print it without a traceback.
@@ -22,7 +26,9 @@ import datetime
 import fcntl
 import json
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,8 +43,13 @@ HISTORY_FILE = "config_history.jsonl"
 OPERATIONAL_KEYS = frozenset({
     "train.progress", "train.distributed", "train.allow_config_change", "task.data_dir",
     "warm_start.cache_dir", "warm_start.search_path", "reward.num_workers", "mesh.data",
-    "mesh.fsdp", "mesh.tensor",
+    "mesh.fsdp", "mesh.tensor", "logging.backends", "logging.samples",
+    # Extending or re-pacing a run: when it stops, evaluates and checkpoints, not what a step
+    # computes (the bitwise-resume guarantee covers the steps both configs run).
+    "train.eval_every", "train.checkpoint_every", "train.keep_checkpoints", "train.budget",
 })
+# train.steps sets the cosine schedule's horizon: operational only under a constant schedule.
+_STEPS_KEY = "train.steps"
 MAX_STALLED_STEPS = 3  # consecutive steps with every update skipped before the run stops
 _ABSENT = "<absent>"
 
@@ -53,6 +64,64 @@ class ConfigChanged(RunError):
 
 class UpdatesStalled(RunError):
     """Several steps in a row had every update skipped as non-finite."""
+
+
+class RunStopped(Exception):
+    """The run stopped on a signal after checkpointing `step` (`StopRequest`): not an error,
+    the entry point prints how to resume."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step} "
+                         f"(checkpoint {checkpoint})")
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+
+
+class StopRequest:
+    """SIGINT / SIGTERM while the loop runs (a context manager): the first asks the loop to
+    finish its step, checkpoint it and stop (`requested`); a second exits at once, the last
+    checkpoint standing. Outside the main thread (signals cannot be caught there) it does
+    nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:  # os.write: safe inside a handler, unlike print
+            os.write(2, f"\n{name} again: exiting now (the last checkpoint stands)\n".encode())
+            os._exit(128 + signum)
+        self.signum = signum
+        os.write(2, f"\n{name}: finishing this step, then a checkpoint and a stop (send it "
+                    "again to exit at once)\n".encode())
+
+    def requested(self) -> bool:
+        """Whether to stop after this step; every process agrees (a collective when there are
+        several: a signal may reach only some of them)."""
+        import jax  # here: train.py checks the workdir before jax starts
+
+        if jax.process_count() == 1:
+            return self.signum is not None
+        import numpy as np
+
+        from ibpo_jax import sharding
+
+        flag = sharding.process_max(np.array([self.signum or 0], np.int64))[0]
+        if flag and self.signum is None:
+            self.signum = int(flag)
+        return bool(flag)
 
 
 class RunLock:
@@ -139,7 +208,7 @@ def check_config(saved: dict[str, Any], cfg: Any, *, where: str) -> dict[str, tu
     """The changes from `saved` (the config of checkpoint `where`) to `cfg`; raises
     ConfigChanged naming them when any alters training and the config does not allow it."""
     changes = config_changes(saved, cfg.to_dict())
-    training = {k: v for k, v in changes.items() if k not in OPERATIONAL_KEYS}
+    training = {k: v for k, v in changes.items() if not _operational(k, cfg)}
     if training and not cfg.train.allow_config_change:
         raise ConfigChanged(
             f"the config differs from the one checkpoint {where} was trained with "
@@ -147,6 +216,13 @@ def check_config(saved: dict[str, Any], cfg: Any, *, where: str) -> dict[str, tu
             "pass --config.train.allow_config_change=true to continue (the change is appended "
             f"to {HISTORY_FILE})")
     return changes
+
+
+def _operational(key: str, cfg: Any) -> bool:
+    """Whether changing `key` on resume leaves what the steps train unchanged."""
+    if key == _STEPS_KEY:
+        return cfg.optim.schedule == "constant"
+    return key in OPERATIONAL_KEYS
 
 
 def record_config(workdir: Path, cfg: Any, *, step: int | None,

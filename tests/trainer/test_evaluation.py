@@ -59,3 +59,23 @@ def test_progress_bar_counts_problems_with_the_running_accuracy(capsys):
     assert "acc=0.600" in final and ("problem/s" in final or "s/problem" in final)
     # The running accuracy after the first chunk (problems 0, 1: one right) was shown too.
     assert "2/5" in err and "acc=0.500" in err
+
+
+class CheckerPool(Pool):
+    """Pool whose checker reports a wrong response's first wrong step (as arith's does)."""
+
+    def score(self, records, texts):
+        reward, infos = super().score(records, texts)
+        return reward, [{**i, "first_wrong_step": None if i["correct"] else 3} for i in infos]
+
+
+def test_shown_samples_are_the_first_sample_of_the_first_problems_across_chunks():
+    shown = []
+    out = evaluation.evaluate(generate, None, records=RECORDS, task=Task(), tokenizer=TOK,
+                              pool=CheckerPool(), samples=2, chunk=2, max_prompt_len=8,
+                              shown=(3, shown))
+    assert out["eval_accuracy"] == pytest.approx(0.6)  # showing changes nothing measured
+    assert [(r["prompt"], r["response"], r["correct"]) for r in shown] == [
+        ("q0", "1", True), ("q1", "2", False), ("q2", "1", True)]  # 3 spans two chunks
+    assert [r["reward"] for r in shown] == [1.0, 0.0, 1.0]
+    assert [r.get("first_wrong_step") for r in shown] == [None, 3, None]  # wrong ones only

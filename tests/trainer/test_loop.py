@@ -199,6 +199,33 @@ def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninte
     assert cells[2] == f"{100 * evals[0]:.1f}" and cells[3] == f"{100 * evals[-1]:.1f}"
 
 
+def test_a_run_writes_eval_samples_grouped_tags_and_a_plot(uninterrupted_dir, uninterrupted,
+                                                           tmp_path):
+    """What people read of a run: config.logging.samples evaluation samples per evaluation in
+    samples.jsonl, TensorBoard scalars under the five groups, `python -m ibpo_jax.plot`."""
+    from tests.trainer.test_logs import GROUPS, read_events
+
+    cfg = json.loads((uninterrupted_dir / "config.json").read_text())
+    n = min(cfg["logging"]["samples"], cfg["eval"]["num_prompts"])
+    samples = read_metrics(uninterrupted_dir / "samples.jsonl")
+    evals = [r["step"] for r in uninterrupted if "eval_accuracy" in r]
+    assert n > 0 and [r["step"] for r in samples] == [s for s in evals for _ in range(n)]
+    assert {r["benchmark"] for r in samples} == {cfg["task"]["name"]}
+    assert all(r["prompt"] and isinstance(r["response"], str) for r in samples)
+    right, wrong = ([r["reward"] for r in samples if r["correct"] is c] for c in (True, False))
+    assert min(right, default=1e9) > max(wrong, default=-1e9)  # the verdicts match the rewards
+    assert not any("first_wrong_step" in r for r in samples if r["correct"])
+    events = read_events(uninterrupted_dir)
+    tags = {t for t, _, kind in events if kind == "simple_value"}
+    assert {t.split("/")[0] for t in tags} == set(GROUPS)
+    assert {"eval/eval_accuracy", "train/reward_mean", "credit/phi_mean"} <= tags
+    assert any(t.startswith("samples/") for t, _, kind in events if kind == "tensor")
+    out = tmp_path / "curves.png"
+    subprocess.run([sys.executable, "-m", "ibpo_jax.plot", str(uninterrupted_dir), "--out",
+                    str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
+    assert out.read_bytes().startswith(b"\x89PNG")
+
+
 def test_two_processes_match_one_device(uninterrupted, uninterrupted_dir, data_dir, tmp_path):
     """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
     mesh over all 4) each score only the rows their devices hold and a share of the eval rows,
@@ -241,10 +268,13 @@ def test_changed_config_resumes_only_when_allowed_and_is_recorded(uninterrupted_
     workdir = tmp_path / "run"
     shutil.copytree(uninterrupted_dir, workdir)
     original = (workdir / "config.json").read_text()
-    cmd, env = _train_cmd(workdir, data_dir, 1, "--config.train.steps=7")
+    # train.steps extends the run (accepted: tests/trainer/test_signals.py); optim.lr does not.
+    cmd, env = _train_cmd(workdir, data_dir, 1, "--config.train.steps=7",
+                          "--config.optim.lr=1.23e-05")
     out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert "error: the config differs" in out.stderr and "train.steps: 6 -> 7" in out.stderr
+    assert "error: the config differs" in out.stderr and "-> 1.23e-05)" in out.stderr
+    assert "train.steps" not in out.stderr
     out = subprocess.run([*cmd, "--config.train.allow_config_change=true"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -252,6 +282,7 @@ def test_changed_config_resumes_only_when_allowed_and_is_recorded(uninterrupted_
     assert (workdir / "config.json").read_text() == original
     (row,) = [json.loads(line) for line in (workdir / "config_history.jsonl").open()]
     assert row["step"] == 6 and row["changes"]["train.steps"] == {"old": 6, "new": 7}
+    assert row["changes"]["optim.lr"]["new"] == 1.23e-05
     assert row["changes"]["train.allow_config_change"] == {"old": False, "new": True}
 
 
