@@ -482,3 +482,12 @@ ITEMS = declare(
         "there is already cancelled and IBPO's φ has little left to fix",
         min_seeds=3, probe=Lazy("experiments.prefix_credit:probe")),
 )
+
+# The items a task runs when not all of them (`countdown` has no follow-up templates, so Table 1
+# and Appendix B cannot run there; issue #48 asks these). Elsewhere the summary says "not planned".
+TASK_ITEMS = {"countdown": ("curves", "table2a", "variants", "credit", "prefix_credit")}
+
+
+def planned(name: str, task: str) -> bool:
+    """Whether item `name` runs on `task`."""
+    return task not in TASK_ITEMS or name in TASK_ITEMS[task]

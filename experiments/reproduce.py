@@ -306,7 +306,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
-    names = list(items_lib.ORDER) if args.item == "all" else args.item.split(",")
+    names = ([n for n in items_lib.ORDER if items_lib.planned(n, args.task)]
+             if args.item == "all" else args.item.split(","))
+    if bad := [n for n in names if n in items_lib.ITEMS and not items_lib.planned(n, args.task)]:
+        p.error(f"{', '.join(bad)}: not planned on --task {args.task} (its items: "
+                f"{', '.join(items_lib.TASK_ITEMS[args.task])})")
     if bad := [n for n in names if n not in items_lib.ITEMS]:
         p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(items_lib.ORDER)}, all")
     for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,

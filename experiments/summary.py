@@ -92,19 +92,28 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
              + " | holds here? |",
              "|---|---|" + "---|" * len(tasks) + "---|"]
     for name, item in items_lib.ITEMS.items():
-        verdicts = {}
-        for t in tasks:
-            js = out / t / f"{name}.json"
-            verdicts[t] = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
-        cells = [v if v == "not run yet" else f"[{v}]({t}/{name}.md)"
-                 for t, v in verdicts.items()]
+        verdicts = {t: _verdict(out, t, name) for t in tasks}
+        cells = [v if v in UNLINKED else f"[{v}]({t}/{name}.md)" for t, v in verdicts.items()]
+        judged = {t: v for t, v in verdicts.items() if v != NOT_PLANNED}
         lines.append(f"| {item.title} | {item.claim} | " + " | ".join(cells)
-                     + f" | {overall(verdicts)} |")
+                     + f" | {overall(judged)} |")
     lines += ["", RULE]
     out.mkdir(parents=True, exist_ok=True)  # a new --out with no records yet
     path = out / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+NOT_PLANNED = "not planned"
+UNLINKED = ("not run yet", NOT_PLANNED)
+
+
+def _verdict(out: Path, task: str, name: str) -> str:
+    """Item `name`'s verdict on `task` from its report, or why there is none."""
+    if not items_lib.planned(name, task):
+        return NOT_PLANNED
+    js = out / task / f"{name}.json"
+    return json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
 
 
 BEGIN, END = "<!-- VERDICT TABLE -->", "<!-- /VERDICT TABLE -->"
@@ -119,9 +128,8 @@ def front_page_table(out: Path, tasks: tuple[str, ...], *, link_prefix: str) -> 
     for name, item in items_lib.ITEMS.items():
         cells = []
         for t in tasks:
-            js = out / t / f"{name}.json"
-            v = json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
-            cells.append(v if v == "not run yet" else f"[{v}]({link_prefix}{t}/{name}.md)")
+            v = _verdict(out, t, name)
+            cells.append(v if v in UNLINKED else f"[{v}]({link_prefix}{t}/{name}.md)")
         lines.append(f"| {item.title} | " + " | ".join(cells) + " |")
     return lines
 
