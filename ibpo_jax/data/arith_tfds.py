@@ -24,7 +24,8 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -146,16 +147,22 @@ def _make_builder(config: ArithBuilderConfig, data_dir: str) -> IbpoArith:
 
 def build(config: ArithBuilderConfig, data_dir: str | None = None) -> IbpoArith:
     """The prepared builder for `config`, preparing it first if needed (atomic, see module doc)."""
-    data_dir = data_dir or default_data_dir()
-    builder = _make_builder(config, data_dir)
+    return prepare_atomically(lambda d: _make_builder(config, d), data_dir or default_data_dir(),
+                              prefix=".ibpo_arith-incomplete-")
+
+
+def prepare_atomically(make_builder: Callable[[str], Any], data_dir: str, *, prefix: str) -> Any:
+    """`make_builder(data_dir)` prepared: built in a private directory under `data_dir`, then one
+    atomic rename into place (a concurrent build that finished first wins)."""
+    builder = make_builder(data_dir)
     with _quiet_tfds():
         prepared = builder.is_prepared()
     if prepared:
         return builder
     os.makedirs(data_dir, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".ibpo_arith-incomplete-", dir=data_dir)
+    tmp_dir = tempfile.mkdtemp(prefix=prefix, dir=data_dir)
     try:
-        tmp_builder = _make_builder(config, tmp_dir)
+        tmp_builder = make_builder(tmp_dir)
         tfds.disable_progress_bar()  # a one-second build; keep the run's log clean
         tmp_builder.download_and_prepare()
         final = os.fspath(builder.data_path)
@@ -163,11 +170,11 @@ def build(config: ArithBuilderConfig, data_dir: str | None = None) -> IbpoArith:
         try:
             os.rename(os.fspath(tmp_builder.data_path), final)
         except OSError:
-            if not _make_builder(config, data_dir).is_prepared():
+            if not make_builder(data_dir).is_prepared():
                 raise  # not a lost race: something else is in the way
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
-    return _make_builder(config, data_dir)
+    return make_builder(data_dir)
 
 
 class ArithSource:

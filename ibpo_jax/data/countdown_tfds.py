@@ -8,16 +8,19 @@ TensorFlow (the same layout, atomic first build and disjoint split seeds as `ari
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
 
 from ibpo_jax.data import countdown
-from ibpo_jax.data.arith_tfds import SPLIT_SEEDS, _quiet_tfds, _scratch_tempdir, default_data_dir
+from ibpo_jax.data.arith_tfds import (
+    SPLIT_SEEDS,
+    _quiet_tfds,
+    _scratch_tempdir,
+    default_data_dir,
+    prepare_atomically,
+)
 from ibpo_jax.registry import UnknownSplitError
 
 
@@ -98,29 +101,9 @@ def _make_builder(config: CountdownBuilderConfig, data_dir: str) -> IbpoCountdow
 
 
 def build(config: CountdownBuilderConfig, data_dir: str | None = None) -> IbpoCountdown:
-    """The prepared builder for `config`, preparing it first if needed: in a private directory,
-    then one atomic rename into place (a concurrent build that finished first wins)."""
-    data_dir = data_dir or default_data_dir()
-    builder = _make_builder(config, data_dir)
-    with _quiet_tfds():
-        if builder.is_prepared():
-            return builder
-    os.makedirs(data_dir, exist_ok=True)
-    tmp_dir = tempfile.mkdtemp(prefix=".ibpo_countdown-incomplete-", dir=data_dir)
-    try:
-        tmp_builder = _make_builder(config, tmp_dir)
-        tfds.disable_progress_bar()
-        tmp_builder.download_and_prepare()
-        final = os.fspath(builder.data_path)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        try:
-            os.rename(os.fspath(tmp_builder.data_path), final)
-        except OSError:
-            if not _make_builder(config, data_dir).is_prepared():
-                raise  # not a lost race: something else is in the way
-    finally:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
-    return _make_builder(config, data_dir)
+    """The prepared builder for `config`, preparing it first if needed (atomically, as arith's)."""
+    return prepare_atomically(lambda d: _make_builder(config, d), data_dir or default_data_dir(),
+                              prefix=".ibpo_countdown-incomplete-")
 
 
 class CountdownSource:
