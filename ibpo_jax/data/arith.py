@@ -33,6 +33,8 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from collections.abc import Callable
+from typing import Any
 
 OP_WORDS = {"+": "Add {}.", "-": "Subtract {}.", "*": "Multiply by {}.", "/": "Divide by {}."}
 _NUM = r"(0|[1-9]\d*)"  # no sign, no leading zeros: exactly how the reference writes numbers
@@ -187,24 +189,38 @@ def generate(
     Raises ValueError when the config's problem space is too small to supply n of them.
     """
     rng = seed if isinstance(seed, random.Random) else random.Random(seed)
+
+    def record(sample: tuple[int, str, list[int]], question: str, id: str) -> dict:
+        return make_record(*sample, id=id)
+
+    return draw_distinct(
+        lambda: _sample(config, rng), lambda s: question_text(*s), record, n, exclude=exclude,
+        id_prefix=id_prefix, too_few=lambda k: f"arith: could only draw {k} of {n} distinct "
+        f"problems for {config}; lower the split sizes or raise the difficulty")
+
+
+def draw_distinct(sample: Callable[[], Any], question: Callable[[Any], str],
+                  record: Callable[[Any, str, str], dict], n: int, *,
+                  exclude: frozenset[str] | set[str], id_prefix: str,
+                  too_few: Callable[[int], str]) -> list[dict]:
+    """n records of distinct question texts (none in `exclude`) from `sample()` (None: a
+    failed draw), built by `record(sample, question, id)`; raises ValueError(too_few(count
+    drawn)) when 200 n + 1000 draws do not supply them. Shared by the procedural tasks."""
     seen = set(exclude)
     records: list[dict] = []
     attempts, budget = 0, 200 * n + 1000
     while len(records) < n:
         attempts += 1
         if attempts > budget:
-            raise ValueError(
-                f"arith: could only draw {len(records)} of {n} distinct problems for {config}; "
-                "lower the split sizes or raise the difficulty")
-        sample = _sample(config, rng)
-        if sample is None:
+            raise ValueError(too_few(len(records)))
+        drawn = sample()
+        if drawn is None:
             continue
-        start, ops, operands = sample
-        question = question_text(start, ops, operands)
-        if question in seen:
+        text = question(drawn)
+        if text in seen:
             continue
-        seen.add(question)
-        records.append(make_record(start, ops, operands, id=f"{id_prefix}{len(records)}"))
+        seen.add(text)
+        records.append(record(drawn, text, f"{id_prefix}{len(records)}"))
     return records
 
 

@@ -46,7 +46,7 @@ from collections import Counter
 
 import numpy as np
 
-from ibpo_jax.data.arith import ArithCheck
+from ibpo_jax.data.arith import ArithCheck, draw_distinct
 
 CountdownCheck = ArithCheck  # one verdict type, so the probes read both tasks' checkers alike
 
@@ -298,25 +298,15 @@ def generate(
     Raises ValueError when the config's problem space is too small to supply n of them.
     """
     rng = seed if isinstance(seed, random.Random) else random.Random(seed)
-    seen = set(exclude)
-    records: list[dict] = []
-    attempts, budget = 0, 200 * n + 1000
-    while len(records) < n:
-        attempts += 1
-        if attempts > budget:
-            raise ValueError(
-                f"countdown: could only draw {len(records)} of {n} distinct problems for "
-                f"{config}; lower the split sizes or min_solutions")
-        problem = _sample(config, rng)
-        if problem is None:
-            continue
-        question = question_text(problem["numbers"], problem["target"])
-        if question in seen:
-            continue
-        seen.add(question)
-        records.append({"id": f"{id_prefix}{len(records)}", "question": question,
-                        "max_value": config.max_value, **problem})
-    return records
+
+    def record(problem: dict, question: str, id: str) -> dict:
+        return {"id": id, "question": question, "max_value": config.max_value, **problem}
+
+    return draw_distinct(
+        lambda: _sample(config, rng), lambda p: question_text(p["numbers"], p["target"]),
+        record, n, exclude=exclude, id_prefix=id_prefix,
+        too_few=lambda k: f"countdown: could only draw {k} of {n} distinct problems for "
+        f"{config}; lower the split sizes or min_solutions")
 
 
 def prompt_text(record: dict) -> str:
