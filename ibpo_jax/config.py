@@ -1,9 +1,9 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`config_schema._Section`): the core's in `config_sections.py`, each method's beside its
-code (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that
-span sections are `RunConfig.check` and, for the methods a config turns on
+checks (`config_schema._Section`): the core's in `config_sections.py`, `config_tasks.py` and
+`config_logging.py`, each method's beside its code (`ibpo_jax/methods/`), so a new knob is
+one field in its section plus its use. Checks that span sections are `RunConfig.check` and, for the methods a config turns on
 (`registry.METHODS`), each method's own `check`. `configs/base.py` builds its ConfigDict from
 `defaults()`; ``load(spec, overrides)`` reads
 ``configs/<file>.py[:preset]`` (its ``get_config(arg)``), applies ``--config.a.b=value``
@@ -30,11 +30,9 @@ from ibpo_jax.config_logging import LoggingConfig
 from ibpo_jax.config_sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
-    ArithTaskConfig,
     CancellationConfig,
     ConfigError,
     DiagnosticsConfig,
-    EvalConfig,
     IbpoConfig,
     LossConfig,
     MeshConfig,
@@ -42,14 +40,13 @@ from ibpo_jax.config_sections import (
     OptimConfig,
     RewardConfig,
     RolloutConfig,
-    TaskConfig,
     TinyModelConfig,
     TokenizerConfig,
     TrainLoopConfig,
-    WarmStartConfig,
     _hints,
     _Section,
 )
+from ibpo_jax.config_tasks import ArithTaskConfig, EvalConfig, TaskConfig, WarmStartConfig
 from ibpo_jax.methods.prm.config import PrmConfig
 from ibpo_jax.methods.score.config import ScoreConfig
 from ibpo_jax.registry import METHODS

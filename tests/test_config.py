@@ -209,12 +209,13 @@ def test_every_config_field_has_a_docstring():
     import ast
     import inspect
 
-    from ibpo_jax import config_sections
+    from ibpo_jax import config_logging, config_sections, config_tasks
     from ibpo_jax.methods.prm import config as prm_config
     from ibpo_jax.methods.score import config as score_config
 
     missing = []
-    for module in (config_sections, config, prm_config, score_config):
+    for module in (config_sections, config_tasks, config_logging, config, prm_config,
+                   score_config):
         for node in ast.parse(inspect.getsource(module)).body:
             if not isinstance(node, ast.ClassDef):
                 continue
