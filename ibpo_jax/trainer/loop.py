@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +31,7 @@ from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.methods import base as methods_lib
 from ibpo_jax.models import hf_io
 from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
+from ibpo_jax.trainer import step_records as records_lib
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
@@ -65,6 +66,21 @@ def step_functions(spec: step.StepSpec, optimizer: Any, state_shardings: Any
     update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0,
                         out_shardings=(state_shardings, None))
     return credit_fn, update_fn
+
+
+class Collected(NamedTuple):
+    """One step's sampled and scored batch (`Trainer.collect`): its prompt records and their
+    encoding, the rows this process scored with the verifier's reports, every row's response
+    length, the `Rollout` on the mesh with its packing plan, and the phases' wall times."""
+
+    records: list[dict]
+    prompts: Any  # batching.PromptBatch
+    rows: np.ndarray  # [n] rollout rows this process scored
+    infos: list[dict]  # their verifier reports
+    lengths: np.ndarray  # [N] every row's response length
+    rollout: step.Rollout
+    plan: packing.Plan
+    times: dict[str, float]  # time_rollout_s, time_reward_s
 
 
 class Trainer:
@@ -196,13 +212,17 @@ class Trainer:
         return out
 
     def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
-        """RL step `s` (1-based): sample -> score -> the methods' reward shaping and extra
-        round -> credit (φ, advantages) -> update -> metrics. Updates the state; returns the
-        step's metrics and its rows of the record files (`logs.RECORDS`, by file name)."""
-        g = self.cfg.rollout.group_size
+        """RL step `s` (1-based): `collect` (sample -> score) then `learn` on what it got.
+        Updates the state; returns the step's metrics and its rows of the record files
+        (`logs.RECORDS`, by file name)."""
         with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
             gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
+        return self.learn(s, self.collect(gen_key), gen_key, update_key)
 
+    def collect(self, gen_key: jax.Array) -> Collected:
+        """The step's batch: the next prompts, G samples of each (`gen_key`), scored, as the
+        update's `Rollout` on the mesh with its packing plan. Counted in the budget."""
+        g = self.cfg.rollout.group_size
         t0 = time.perf_counter()
         records, prompts, out = self.sample(gen_key)
         # Each process scores the rows its devices hold; every row's length is needed by all
@@ -210,20 +230,27 @@ class Trainer:
         rows, tokens = sharding.local_rows(out.tokens)
         lengths = sharding.host_array(out.lengths)
         t1 = time.perf_counter()
-
         reward, correct, ended, infos = self.score([records[i // g] for i in rows], tokens,
                                                    lengths[rows])
         t2 = time.perf_counter()
-
         rollout, plan = self.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
-        batch, stages = self.methods.shape(
-            methods_lib.Scored(s, records, rollout, rows, infos, self.state.params))
         self.budget += len(lengths)
+        return Collected(records, prompts, rows, infos, lengths, rollout, plan,
+                         {"time_rollout_s": t1 - t0, "time_reward_s": t2 - t1})
+
+    def learn(self, s: int, got: Collected, gen_key: jax.Array, update_key: jax.Array
+              ) -> tuple[dict[str, float], dict[str, dict]]:
+        """The methods' reward shaping and extra round -> credit (φ, advantages) -> update ->
+        metrics, on the batch `collect` returned."""
+        g = self.cfg.rollout.group_size
+        t2 = time.perf_counter()
+        batch, stages = self.methods.shape(methods_lib.Scored(
+            s, got.records, got.rollout, got.rows, got.infos, self.state.params))
         extra = self.extra_round(batch, jax.random.fold_in(gen_key, 1), stages)
 
         cred, credit_metrics = self.credit(batch.rollout)
-        diag, logged = self.diagnostics(s, batch, cred, prompts)
-        rollout, update_cred, plan = self.joined(batch.rollout, cred, plan, extra)
+        diag, logged = self.diagnostics(s, batch, cred, got.prompts)
+        rollout, update_cred, plan = self.joined(batch.rollout, cred, got.plan, extra)
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
@@ -234,19 +261,19 @@ class Trainer:
         metrics = {k: float(v) for k, v in
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
         metrics.update(diag)
-        metrics.update(_first_error_agreement(cred, sharding.host_array(batch.rollout.correct),
-                                              rows, infos, g))
+        metrics.update(records_lib.first_error_agreement(
+            cred, sharding.host_array(batch.rollout.correct), got.rows, got.infos, g))
         metrics.update(stages)
+        sampled = sum(got.times.values())
         metrics.update(
             budget_trajectories=self.budget,  # DESIGN §6: every sampled trajectory, weighted
-            prompts_truncated=prompts.truncated,
+            prompts_truncated=got.prompts.truncated,
             update_tokens_frac=self.update_tokens_frac(
                 plan, (rollout.prompt.shape[0] // g, rollout.prompt.shape[1]),
                 rollout.response.shape),
-            tokens_per_s=int(lengths.sum()) / (t4 - t0),
-            time_rollout_s=t1 - t0, time_reward_s=t2 - t1,
+            tokens_per_s=int(got.lengths.sum()) / (sampled + t4 - t2),
             time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0)
-            - stages.get("time_second_round_s", 0.0), time_update_s=t4 - t3,
+            - stages.get("time_second_round_s", 0.0), time_update_s=t4 - t3, **got.times,
         )
         return metrics, logged
 
@@ -294,8 +321,8 @@ class Trainer:
         diag = self.pg_variance(batch.rollout, cred,
                                 np.repeat(prompts.lengths, self.cfg.rollout.group_size),
                                 prompts.tokens.shape[1])
-        return diag, {"appendix_a.jsonl": self.appendix_a_record(s, cred, batch.rollout,
-                                                                 batch.rows, batch.infos)}
+        return diag, {"appendix_a.jsonl": records_lib.appendix_a(s, cred, batch.rollout,
+                                                              batch.rows, batch.infos)}
 
     def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
                    correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray
@@ -365,23 +392,6 @@ class Trainer:
                                  self.is_delim)
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         return {**out, "time_pg_var_s": time.perf_counter() - t0}
-
-    def appendix_a_record(self, s: int, cred: step.Credit, rollout: step.Rollout,
-                          rows: np.ndarray, infos: list[dict]) -> dict:
-        """Step s's line of <workdir>/appendix_a.jsonl: the batch's per-row reward, φ, first
-        error and the checker's true first wrong step (-1: none reported), read by
-        notebooks/appendix_a.ipynb. Each process knows the checker's reports of its own rows
-        (a collective: every process calls it)."""
-        phi, first = (sharding.host_array(x).reshape(-1) for x in (cred.phi, cred.first_error))
-        reward, correct = (sharding.host_array(x) for x in (rollout.reward, rollout.correct))
-        truth = np.full(len(phi), -1)
-        for i, info in zip(rows, infos):
-            if info.get("first_wrong_step") is not None:
-                truth[i] = info["first_wrong_step"]
-        truth = sharding.process_max(truth)
-        return {"step": s, "reward": reward.tolist(), "correct": correct.astype(int).tolist(),
-                "phi": np.round(phi, 5).tolist(), "first_error": first.tolist(),
-                "true_first_wrong": truth.tolist()}
 
     def update_tokens_frac(self, plan: packing.Plan, prompt_shape: tuple[int, int],
                            response_shape: tuple[int, int]) -> float:
@@ -482,19 +492,3 @@ def _run(cfg: RunConfig, *, workdir: str | Path, stop: workdir_lib.StopRequest) 
         trainer.say(table)
     return rows
 
-
-def _first_error_agreement(cred: step.Credit, correct: np.ndarray, rows: np.ndarray,
-                           infos: list[dict], g: int) -> dict[str, float]:
-    """How often φ's first-error position equals the checker's first wrong step (tasks whose
-    checker reports one, e.g. arith): over wrong responses of groups with a correct one.
-    correct: every row's; rows, infos: the rows this process scored and their checker reports
-    (the counts are summed over processes)."""
-    truth = [i.get("first_wrong_step") for i in infos]
-    found = sharding.host_array(cred.first_error).reshape(-1)  # collective: every process
-    groups = correct.reshape(-1, g)
-    scored = (~groups & groups.any(axis=1, keepdims=True)).reshape(-1)
-    pairs = [(int(found[i]), t) for i, t in zip(rows, truth) if scored[i] and t is not None]
-    counts = sharding.process_sum(np.array([sum(f == t for f, t in pairs), len(pairs)], np.int64))
-    if not counts[1]:
-        return {}
-    return {"first_error_agreement": float(counts[0] / counts[1])}
