@@ -96,10 +96,7 @@ def arith_task(*, config: arith.ArithConfig | str = "level3", num_train: int = 2
 
     builder_config = arith_tfds.ArithBuilderConfig.make(
         config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
-    splits = {s: functools.partial(arith_tfds.load_split, builder_config, s, data_dir)
-              for s in ("train", "validation", "test")}
-    return Task(name="arith", reward="arith", splits=splits, prompt_fn=arith.prompt_text,
-                reference_fn=_reference)
+    return _procedural_task(arith_tfds.IbpoArith, builder_config, arith.prompt_text, data_dir)
 
 
 @TASKS.register("countdown")
@@ -111,10 +108,21 @@ def countdown_task(*, config: countdown.CountdownConfig | None = None, num_train
 
     builder_config = countdown_tfds.CountdownBuilderConfig.make(
         config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
-    splits = {s: functools.partial(countdown_tfds.load_split, builder_config, s, data_dir)
-              for s in ("train", "validation", "test")}
-    return Task(name="countdown", reward="countdown", splits=splits,
-                prompt_fn=countdown.prompt_text, reference_fn=_reference)
+    return _procedural_task(countdown_tfds.IbpoCountdown, builder_config, countdown.prompt_text,
+                            data_dir)
+
+
+def _procedural_task(builder_cls, builder_config, prompt_fn: Callable[[dict], str],
+                     data_dir: str | None) -> Task:
+    """A procedural task over the three splits of `builder_config` (procedural_tfds, built on
+    first use into data_dir); its reward has the task's name."""
+    from ibpo_jax.data import procedural_tfds
+
+    name = builder_cls.task_name()
+    splits = {s: functools.partial(procedural_tfds.load_split, builder_cls, builder_config, s,
+                                   data_dir) for s in ("train", "validation", "test")}
+    return Task(name=name, reward=name, splits=splits, prompt_fn=prompt_fn,
+                reference_fn=_reference)
 
 
 def _chat(text: str, tokenizer, enable_thinking: bool, system: str | None) -> str:

@@ -4,21 +4,29 @@ deterministic splits, concurrent first builds, and the `arith` task on top of it
 import importlib.util
 import multiprocessing as mp
 import os
-import pickle
 
 import pytest
 import tensorflow_datasets as tfds
 
-from ibpo_jax.data import arith, arith_tfds, get_task
+from ibpo_jax.data import arith, arith_tfds, get_task, procedural_tfds
+from tests.data.test_procedural_tfds import check_plain_splits
 
 SMALL = dict(num_train=300, num_validation=40, num_test=40, seed=0)
+
+
+def build(config, data_dir):
+    return procedural_tfds.build(arith_tfds.IbpoArith, config, data_dir)
+
+
+def load_split(config, split, data_dir):
+    return procedural_tfds.load_split(arith_tfds.IbpoArith, config, split, data_dir)
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("tfds"))
     config = arith_tfds.ArithBuilderConfig.make("level2", **SMALL)
-    return config, data_dir, arith_tfds.build(config, data_dir)
+    return config, data_dir, build(config, data_dir)
 
 
 def test_tensorflow_is_not_installed_and_files_are_array_record(built):
@@ -35,30 +43,19 @@ def test_building_leaves_no_temporary_directories(tmp_path, monkeypatch):
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))  # the process's temp root
     config = arith_tfds.ArithBuilderConfig.make("level2", **{**SMALL, "seed": 1})
-    arith_tfds.build(config, str(tmp_path / "data"))
-    arith_tfds.build(config, str(tmp_path / "data"))  # prepared: reopened
+    build(config, str(tmp_path / "data"))
+    build(config, str(tmp_path / "data"))  # prepared: reopened
     assert os.listdir(scratch) == []
 
 
 def test_splits_sizes_types_and_disjointness(built):
     config, data_dir, _ = built
-    splits = {s: arith_tfds.load_split(config, s, data_dir)
-              for s in ("train", "validation", "test")}
-    assert {s: len(src) for s, src in splits.items()} == {
-        "train": 300, "validation": 40, "test": 40}
-    questions = {s: {src[i]["question"] for i in range(len(src))} for s, src in splits.items()}
-    assert not questions["train"] & questions["test"]
-    assert not questions["train"] & questions["validation"]
-    assert not questions["validation"] & questions["test"]
-    record = splits["train"][-1]
-    assert {k: type(v) for k, v in record.items()} == {
+    splits = {s: load_split(config, s, data_dir) for s in ("train", "validation", "test")}
+    record = check_plain_splits(splits, {"train": 300, "validation": 40, "test": 40}, {
         "id": str, "question": str, "reference": str, "start": int, "ops": str,
-        "operands": list, "answer": int}
+        "operands": list, "answer": int})
     assert all(type(x) is int for x in record["operands"])
     assert arith.check(record["reference"], record).correct
-    assert pickle.loads(pickle.dumps(splits["test"]))[3] == splits["test"][3]
-    with pytest.raises(IndexError, match="out of range"):
-        splits["test"][40]
 
 
 def test_tfds_data_source_reads_it_and_rebuilds_are_identical(built, tmp_path):
@@ -66,17 +63,16 @@ def test_tfds_data_source_reads_it_and_rebuilds_are_identical(built, tmp_path):
     sources = tfds.data_source("ibpo_arith", data_dir=data_dir,
                                builder_kwargs={"config": config})
     raw = sources["validation"][5]
-    assert arith_tfds.load_split(config, "validation", data_dir)[5]["question"] == \
-        raw["question"].decode()
-    other = arith_tfds.load_split(config, "validation", str(tmp_path))
+    assert load_split(config, "validation", data_dir)[5]["question"] == raw["question"].decode()
+    other = load_split(config, "validation", str(tmp_path))
     assert [other[i] for i in range(40)] == [
-        arith_tfds.load_split(config, "validation", data_dir)[i] for i in range(40)]
+        load_split(config, "validation", data_dir)[i] for i in range(40)]
 
 
 def _build_in_process(data_dir):
     config = arith_tfds.ArithBuilderConfig.make("level1", num_train=2000, num_validation=50,
                                                 num_test=50, seed=4)
-    source = arith_tfds.load_split(config, "train", data_dir)
+    source = load_split(config, "train", data_dir)
     return len(source), source[0]["id"]
 
 
