@@ -13,11 +13,14 @@ run's sampler, prompts and G: the batches of `credit_probe`), and as many held-o
 whose final checkpoints exist under the runs dir. On each:
 - every token's node in its group's prefix trie (`cancellation.prefix_nodes`), how many right
   and wrong responses pass through it, and, for a wrong response, whether the token lies
-  before its first error: the `arith` checker's first wrong step refined to its first wrong
-  token, the token from which the response is no longer a prefix of a right answer (the
-  reference, with or without a final newline, then EOS: the format admits no other), so that
-  "right so far" is a property of the node. The checker's line must contain that token
+  before its first error: the checker's first wrong step refined to its first wrong token,
+  the token from which the response can no longer be extended to a right one (on `arith` a
+  prefix of the unique right answer; on `countdown` lines the checker accepts, the last one
+  possibly partial: `prefix_rules`, the probe's one task-specific part), so that "right so
+  far" is a property of the node. The checker's line must contain that token
   (`checker_mismatch` counts exceptions); shares at the step level are reported beside.
+  Distinct right answers per mixed group: token sequences on `arith`, solutions on
+  `countdown` (`countdown.solution_key`; distinct texts beside).
 - each node's net update weight Σ_{members} A_it w_it under GSPO, IBPO-GSPO (sequence credit)
   and IBPO-GSPO with token credit, from the same trajectories: A from each run's own `credit`,
   w from its loss (`losses.token_weights`: 1/|y_i| with seq_mean_token_mean) at ratio 1, as
@@ -39,7 +42,7 @@ import argparse
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -48,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import base_probe
+from experiments.prefix_rules import ARITH, Rule, rule_for, truth
 from ibpo_jax import cancellation, config, losses, sharding
 from ibpo_jax.host import cpu_model, git_commit
 from ibpo_jax.trainer import batching, loop, step
@@ -110,54 +114,6 @@ def _tables(tokens, mask, correct, right, adv, weights, *, g: int) -> NodeTable:
                                 kgrp(weights))
 
 
-def first_error(ids: Sequence[int], answers: Sequence[Sequence[int]]) -> int:
-    """Tokens of `ids` before its first wrong one: its longest common prefix with any right
-    answer (len(ids) when it is a prefix of one: a right or merely cut-short response)."""
-    best = 0
-    for a in answers:
-        k, n = 0, min(len(ids), len(a))
-        while k < n and ids[k] == a[k]:
-            k += 1
-        best = max(best, k)
-    return best
-
-
-def right_answers(tokenizer, record: dict) -> list[list[int]]:
-    """The token sequences `arith.check` accepts for `record`: its reference, with or without a
-    final newline, then EOS."""
-    if "reference" not in record:
-        raise ValueError(f"prefix_credit: task record {record.get('id')!r} has no 'reference' "
-                         "(the probe needs an arith task, whose right answer is unique)")
-    return [tokenizer.encode(record["reference"] + end) + [tokenizer.eos_id] for end in ("", "\n")]
-
-
-class Truth(NamedTuple):
-    right: np.ndarray  # [N, R] bool: before the first wrong token (correct rows: all)
-    right_step: np.ndarray  # [N, R] bool: before the checker's first wrong line
-    mismatch: int  # wrong rows whose first wrong token is not on the checker's wrong line
-    off_reference: int  # correct rows that are not a right answer token for token
-
-
-def truth(tokenizer, records: list[dict], tokens: np.ndarray, lengths: np.ndarray,
-          correct: np.ndarray, infos: list[dict]) -> Truth:
-    """Where each row goes wrong, by token and by the checker's line (tokens [N, R])."""
-    n, r = tokens.shape
-    delim = np.asarray(tokenizer.is_delim)[tokens].astype(int)
-    line = np.cumsum(delim, axis=1) - delim  # a newline belongs to the line it ends
-    fe = np.array([first_error(tokens[i, :lengths[i]].tolist(),
-                               right_answers(tokenizer, records[i])) for i in range(n)])
-    fe = np.where(correct, r, fe)
-    right = np.arange(r)[None, :] < fe[:, None]
-    step_ = np.array([-1 if i.get("first_wrong_step") is None else i["first_wrong_step"]
-                      for i in infos])
-    right_step = np.where((step_ >= 0)[:, None], line < step_[:, None], right)
-    on_line = line[np.arange(n), np.minimum(fe, r - 1)]
-    mismatch = ~correct & (step_ >= 0) & ((fe >= lengths) | (on_line != step_))
-    off = correct & np.array([first_error(tokens[i, :lengths[i]].tolist(), right_answers(
-        tokenizer, records[i])) < lengths[i] for i in range(n)])
-    return Truth(right, right_step, int(mismatch.sum()), int(off.sum()))
-
-
 class Credits(NamedTuple):
     fns: dict  # credit name -> jitted step.credit of its run's spec
     losses: dict  # credit name -> its loss spec (for w)
@@ -187,18 +143,19 @@ def _adv_weights(trainer: loop.Trainer, cr: Credits, rollout) -> tuple[np.ndarra
 
 
 def distinct_correct(tokens: np.ndarray, lengths: np.ndarray, ok: np.ndarray,
-                     mixed: np.ndarray) -> int:
-    """Σ over the mixed groups of how many distinct right answers (token sequences) each has:
-    one per group when the right path is unique."""
+                     mixed: np.ndarray, key: Callable = tuple) -> int:
+    """Σ over the mixed groups of how many distinct right answers each has (`key` of a row's
+    token list; default: the token sequence): one per group when the right path is unique."""
     g = ok.shape[1]
-    return sum(len({tuple(tokens[b * g + i, :lengths[b * g + i]]) for i in range(g) if ok[b, i]})
-               for b in np.nonzero(mixed)[0])
+    return sum(len({key(tokens[b * g + i, :lengths[b * g + i]].tolist()) for i in range(g)
+                    if ok[b, i]}) for b in np.nonzero(mixed)[0])
 
 
 class Part:
     """Accumulates one part's nodes (mixed groups only) and token counts over its batches."""
 
-    def __init__(self):
+    def __init__(self, rule: Rule = ARITH):
+        self.rule = rule  # the task's right prefix and solutions (prefix_rules)
         self.nodes: dict[str, list[np.ndarray]] = {"cls": [], "members": [], "right": [],
                                                    "whole": [], "net": []}
         self.n = dict.fromkeys(("batches", "groups", "mixed_groups", "responses", "correct",
@@ -206,12 +163,12 @@ class Part:
                                 "right_shared_all", "right_tokens_step", "right_shared_step",
                                 "post_error_tokens", "wrong_with_unshared", "distinct_correct",
                                 "checker_mismatch", "off_reference", "no_right_groups",
-                                "right_tokens_no_right"), 0)
+                                "right_tokens_no_right", "distinct_correct_text"), 0)
 
     def add(self, trainer: loop.Trainer, cr: Credits, batch: tuple) -> None:
         rollout, records, tokens, lengths, correct, infos = batch
         g, (n, r) = trainer.cfg.rollout.group_size, tokens.shape
-        t = truth(trainer.tokenizer, records, tokens, lengths, correct, infos)
+        t = truth(trainer.tokenizer, records, tokens, lengths, correct, infos, self.rule)
         adv, w = _adv_weights(trainer, cr, rollout)
         mask = np.arange(r)[None, :] < lengths[:, None]
         tab = jax.device_get(_tables(tokens, mask, correct, t.right, adv, w, g=g))
@@ -238,7 +195,10 @@ class Part:
                          ("right_shared_step", (wrong & t.right_step & (n_right > 0)).sum()),
                          ("post_error_tokens", (wrong & ~t.right).sum()),
                          ("wrong_with_unshared", unshared.any(1).sum()),
-                         ("distinct_correct", distinct_correct(tokens, lengths, ok, mixed)),
+                         ("distinct_correct", distinct_correct(
+                             tokens, lengths, ok, mixed,
+                             functools.partial(self.rule.solution, trainer.tokenizer))),
+                         ("distinct_correct_text", distinct_correct(tokens, lengths, ok, mixed)),
                          ("checker_mismatch", t.mismatch), ("off_reference", t.off_reference),
                          ("no_right_groups", (~ok.any(1)).sum()),
                          ("right_tokens_no_right", (none & t.right).sum())):
@@ -349,15 +309,16 @@ def _provenance() -> dict:
 def measure_base(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     """One seed's record: the base policy's part (the rollout batches of `credit_probe`)."""
     load = _loader(preset, extra, seed)
-    part = Part()
     with base_probe.base_trainer(load("gspo")) as (trainer, base):
-        cr = credits(trainer, load)
+        reward = trainer.task.reward  # names the task's rule (prefix_rules.RULES)
+        part, cr = Part(rule_for(reward)), credits(trainer, load)
         for k in range(batches):
             with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
                 key = jax.random.fold_in(trainer.seed_key, k)
             part.add(trainer, cr, scored(trainer, *trainer.sample(key)))
     return {"preset": preset, "overrides": [*extra, ("seed", str(seed))], "seed": seed,
-            "base": base, "batches": batches, "base_policy": part.summary(), **_provenance()}
+            "base": base, "batches": batches, "rule": reward, "base_policy": part.summary(),
+            **_provenance()}
 
 
 def final_seeds(runs_dir: Path, steps: int) -> list[int]:
@@ -397,7 +358,7 @@ def measure_trained(preset: str, extra: tuple, seed: int, batches: int, runs_dir
         for label, algo in RUNS.items():
             workdir = runs_dir / f"{algo}_s{run_seed}"
             _restore(trainer, workdir, steps, algo, run_seed)
-            part = Part()
+            part = Part(rule_for(trainer.task.reward))
             for k in range(batches):
                 part.add(trainer, cr, scored(trainer, *held_out(trainer, k)))
             base = workdir / "base.json"

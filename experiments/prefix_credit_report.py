@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import prefix_credit as probe
+from experiments import prefix_rules
 
 # The hypothesis holds where, under GSPO, more than half of the shared right-prefix nodes
 # already carry net weight >= 0, and probe.SHARE of IBPO's change lies on at most this share of
@@ -55,7 +56,7 @@ SHARING = (  # (column, per-part value, percent?)
     ("shared by every correct peer (%)", _frac("right_shared_all", "right_tokens"), True),
     ("wrong responses with an unshared right token (%)",
      _frac("wrong_with_unshared", "wrong_scored"), True),
-    ("distinct right answers / mixed group", _frac("distinct_correct", "mixed_groups"), False),
+    ("distinct {solutions} / mixed group", _frac("distinct_correct", "mixed_groups"), False),
     ("groups with no right response / batch", _frac("no_right_groups", "batches"), False),
     ("right-prefix tokens of wrong responses there (% of all)", lambda p: p["counts"][
         "right_tokens_no_right"] / max(p["counts"]["right_tokens_no_right"]
@@ -108,18 +109,20 @@ def verdict(parts: list[dict]) -> dict:
     return out
 
 
-def _measured(name: str, parts: list[dict]) -> str:
+def _measured(name: str, parts: list[dict], rule: prefix_rules.Rule) -> str:
     v = verdict(parts)
     c = lambda key: statistics.mean(p["counts"][key[0]] / max(p["counts"][key[1]], 1)  # noqa
                                     for p in parts)
+    texts = (f" ({c(('distinct_correct_text', 'mixed_groups')):.2f} distinct texts)"
+             if rule.note and all("distinct_correct_text" in p["counts"] for p in parts) else "")
     return (f"{name}: {100 * c(('right_shared', 'right_tokens')):.1f} % of the wrong responses' "
             f"right-prefix tokens lie on a node a correct peer shares "
             f"({100 * c(('right_shared_all', 'right_tokens')):.1f} % on one every correct peer "
-            f"shares; {c(('distinct_correct', 'mixed_groups')):.2f} distinct right answers per "
-            f"mixed group); under GSPO {100 * v['a_ge0']:.1f} % of the shared right-prefix nodes "
-            f"already carry net weight >= 0 ({100 * v['a_whole']:.1f} % of them are shared by "
-            f"the whole group; {100 * v['a_partial']:.1f} % of the others carry >= 0); "
-            f"{100 * probe.SHARE:.0f} % of IBPO's change lies on "
+            f"shares; {c(('distinct_correct', 'mixed_groups')):.2f} distinct {rule.solutions_are}"
+            f"{texts} per mixed group); under GSPO {100 * v['a_ge0']:.1f} % of the shared "
+            f"right-prefix nodes already carry net weight >= 0 ({100 * v['a_whole']:.1f} % of "
+            f"them are shared by the whole group; {100 * v['a_partial']:.1f} % of the others "
+            f"carry >= 0); {100 * probe.SHARE:.0f} % of IBPO's change lies on "
             f"{100 * v['tokens_ibpo_seq']:.1f} % of the response tokens "
             f"({100 * v['nodes_ibpo_seq']:.1f} % of the nodes) with sequence credit, "
             f"{100 * v['tokens_ibpo_token']:.1f} % ({100 * v['nodes_ibpo_token']:.1f} %) with "
@@ -128,6 +131,10 @@ def _measured(name: str, parts: list[dict]) -> str:
 
 def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
+    rules = {r.get("rule", "arith") for r in recs}  # (records before countdown name none)
+    if len(rules) != 1:
+        raise ValueError(f"prefix_credit: records of several rules {sorted(rules)}")
+    rule = prefix_rules.rule_for(rules.pop())
     by_policy = policies(recs)
     trained = [r["trained"] for r in recs if r.get("trained")]
     runs = (f"held-out batches (evaluation prompts, {trained[0]['batches']} per seed) of the "
@@ -146,8 +153,10 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
              f"and how). Nothing is trained: {recs[0]['batches']} rollout batches per seed of "
              f"the committed base, {len(recs)} seed(s); {runs}. Cells: mean over seeds "
              "[95 % t-interval]. Only groups with right and wrong responses count (elsewhere "
-             "every advantage is 0).", "", "## Who shares a wrong response's right prefix", "",
-             "| policy | seeds | " + " | ".join(c for c, _, _ in SHARING) + " |",
+             f"every advantage is 0).{' ' + rule.note if rule.note else ''}", "",
+             "## Who shares a wrong response's right prefix", "",
+             "| policy | seeds | " + " | ".join(c.format(solutions=rule.solutions_are)
+                                               for c, _, _ in SHARING) + " |",
              "|---|---|" + "---|" * len(SHARING)]
     for name, parts in by_policy.items():
         lines.append(f"| {name} | {len(parts)} | " + " | ".join(
@@ -158,7 +167,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
               "| " + " | ".join(CLASS_COLUMNS) + " |", "|" + "---|" * len(CLASS_COLUMNS)]
     for name, parts in by_policy.items():
         lines += _class_rows(name, parts)
-    measured = [_measured(name, parts) for name, parts in by_policy.items()]
+    measured = [_measured(name, parts, rule) for name, parts in by_policy.items()]
     from experiments import report  # (report does not import the probes)
 
     probes = {"prefix_credit": recs + trained}

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import base_probe
+from experiments import base_probe, prefix_rules
 from experiments import prefix_credit as pc
 from ibpo_jax import config, losses
-from ibpo_jax.data import arith
+from ibpo_jax.data import arith, countdown
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer.checkpoint import Checkpointer
 
@@ -136,6 +136,58 @@ def test_first_wrong_token_matches_the_checker():
     # The checker's lines: row 2 is wrong from line 1 on, row 4 from line 2 on.
     assert got.right_step[2].argmin() == len("37+48=85\n")
     assert got.right_step[4].argmin() == len("37+48=85\n85-19=66\n")
+
+
+# countdown: many right solutions, so "right so far" = the text can still become one (prefix_rules).
+CD = {"numbers": [3, 5, 7, 9], "target": 42, "max_value": 99}
+CD_ROWS = [  # (text, ends with EOS, right symbols (EOS counts one): hand-worked)
+    ("9-3=6\n7*6=42\nAnswer: 42", True, 24),  # right: 23 characters and EOS
+    ("9+5=14\n14*3=42\nAnswer: 42\n", True, 27),  # another right solution, final newline
+    ("5+9=14\n3*14=42\nAnswer: 42", True, 26),  # the same solution, operands swapped
+    ("9-3=7\n6*7=42\nAnswer: 42", True, len("9-3=")),  # wrong arithmetic: at the 7
+    ("9-3=6\n8*6=48\nAnswer: 48", True, len("9-3=6\n")),  # 8 is not available
+    # A right-looking step after which 42 is out of reach ({3, 5, 16}): "9+" starts 9+5=14.
+    ("9+7=16\n16*3=48\nAnswer: 48", True, len("9+")),
+    ("9-3=6\n7*6=42\nAnswer: 41", True, len("9-3=6\n7*6=42\nAnswer: 4")),
+    ("Answer: 42", True, 0),  # before reaching it
+    ("9-3=6\n7*6=4\nAnswer: 4", True, len("9-3=6\n7*6=4")),  # a prefix of 7*6=42, then \n
+    ("9-3=6\n", True, len("9-3=6\n")),  # EOS after a step: the EOS is wrong
+    ("9-3=6\n7*6=42\nAnswer: 42\n\n", True, len("9-3=6\n7*6=42\nAnswer: 42\n")),
+    ("9-3=6\n7*", False, len("9-3=6\n7*"))]  # cut short, right so far
+
+
+def test_countdown_right_prefix_by_hand():
+    tok, rule = CharTokenizer(), prefix_rules.rule_for("countdown")
+    rows = [tok.encode(t) + ([tok.eos_id] if e else []) for t, e, _ in CD_ROWS]
+    assert [rule.right_tokens(tok, CD, r) for r in rows] == [k for _, _, k in CD_ROWS]
+    # Every right next line is one the checker accepts; 9+7=16 and 8*6=48 are not among them.
+    first = prefix_rules.next_lines((3, 5, 7, 9), 42, 99, ())
+    assert {"9-3=6", "9+5=14", "5+9=14"} <= first and "9+7=16" not in first
+    assert "Answer: 42" not in first and "Answer: 42" in prefix_rules.next_lines(
+        (3, 5, 7, 9), 42, 99, ("9-3=6", "7*6=42"))
+    assert "8*6=48" not in prefix_rules.next_lines((3, 5, 7, 9), 42, 99, ("9-3=6",))
+    lengths = np.array([len(r) for r in rows])
+    tokens = np.zeros((len(rows), lengths.max()), np.int32)
+    for i, r in enumerate(rows):
+        tokens[i, :len(r)] = r
+    checks = [countdown.check(t, CD) for t, _, _ in CD_ROWS]
+    correct = np.array([c.correct for c in checks])
+    assert list(np.nonzero(correct)[0]) == [0, 1, 2]
+    got = prefix_rules.truth(tok, [CD] * len(rows), tokens, lengths, correct,
+                             [{"first_wrong_step": c.first_wrong_step} for c in checks], rule)
+    assert list(got.right.sum(1)[3:]) == [k for _, _, k in CD_ROWS[3:]]
+    # The first wrong token lies on the checker's first wrong line, except for the cut-short
+    # row (the checker calls its partial line malformed; the rule, right so far).
+    assert got.mismatch == 1 and got.off_reference == 0
+    assert got.right_step[4].argmin() == len("9-3=6\n")  # checker: line 1
+    # Distinct right solutions of a group (rows 0-3): 9-3=6.. and 9+5=14.. (row 2 is row 1's
+    # solution in other words): 2 solutions, 3 texts.
+    ok, mixed = correct[None, :4], np.array([True])
+    assert pc.distinct_correct(tokens, lengths, ok, mixed,
+                               lambda ids: rule.solution(tok, ids)) == 2
+    assert pc.distinct_correct(tokens, lengths, ok, mixed) == 3
+    with pytest.raises(ValueError, match="valid: arith, countdown"):
+        prefix_rules.rule_for("math")
 
 
 def test_probe_end_to_end_on_the_smoke_preset(tmp_path, monkeypatch, smoke_data_dir):
