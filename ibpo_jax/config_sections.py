@@ -45,6 +45,33 @@ TinyModelConfig = dataclasses.make_dataclass(
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraConfig(_Section):
+    KEY = "model.lora"
+    rank: int = 0
+    """LoRA rank r (models/lora.py): only adapters x·A·B·alpha/r on the `targets` projections
+    are trained, the base is frozen and is π_ref; 0 = off (the whole policy is trained)."""
+    alpha: float = 16.0
+    """LoRA scale numerator: the adapters' output is multiplied by alpha / rank."""
+    targets: str = "q,k,v,o,gate,up,down"
+    """Comma list of the adapted projections: q, k, v, o, gate, up, down."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input; only 0 is supported (with dropout the update's passes
+    would not reproduce π_old's log-probs, so the first update's ratio would not be 1)."""
+
+    def check(self):
+        from ibpo_jax.models import lora
+
+        self._nonneg("rank")
+        self._positive("alpha")
+        try:
+            lora.parse_targets(self.targets)
+        except ValueError as e:
+            self._require("targets", False, str(e))
+        self._unit("dropout", open_high=True)
+        self._require("dropout", self.dropout == 0, "only 0 is supported (see its docstring)")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig(_Section):
     KEY = "model"
     preset: str = "tiny"
@@ -69,6 +96,8 @@ class ModelConfig(_Section):
     logits never exist whole (large vocabularies); 0 = in one go."""
     tiny: TinyModelConfig = dataclasses.field(default_factory=TinyModelConfig)
     """The architecture of preset "tiny" (models.Qwen3Config fields)."""
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning (rank 0 = off)."""
 
     def check(self):
         presets = ("tiny", "hf", *model_config.QWEN3_PRESETS)
@@ -104,15 +133,31 @@ class RolloutConfig(_Section):
     """Prompts per sampler call, 0 = all prompts_per_step at once: the KV cache of every row
     at once (B·G rows of prompt + response tokens) is what long rollouts cannot hold, so they
     sample the step's prompts a chunk at a time (`python -m ibpo_jax.plan` sizes it)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop the groups whose raw outcome R (the verifier's, never a
+    shaped reward) is all-equal and sample B more prompts, up to max_sampling_rounds rounds,
+    until B mixed groups are found (trainer/dynamic.py); every sample counts in the budget."""
+    max_sampling_rounds: int = 3
+    """Sampling rounds per step with dynamic_sampling (>= 1, the first included); short of B
+    mixed groups the step fills with filtered groups that carry no loss (`groups_mixed`)."""
+    off_policy_steps: int = 0
+    """1: the batch of step k+1 is sampled and scored with the parameters step k started from,
+    in a background thread while step k's update runs (trainer/offpolicy.py); its sampler
+    log-probs are π_old of the ratio. 0: on-policy, sampled after the previous update."""
 
     def check(self):
-        self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens")
+        self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens",
+                       "max_sampling_rounds")
         self._nonneg("sample_chunk")
         self._require("sample_chunk", self.prompts_per_step % max(self.sample_chunk, 1) == 0,
                       f"must divide config.rollout.prompts_per_step={self.prompts_per_step}")
         self._temperature("temperature")
         self._require("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
         self._nonneg("top_k")
+        self._require("off_policy_steps", self.off_policy_steps in (0, 1)
+                      and (self.off_policy_steps == 0 or (self.top_k == 0 and self.top_p == 1)),
+                      "must be 0 or 1; 1 needs top_k 0 and top_p 1 (the sampler's log-probs "
+                      "are then the policy's, π_old of the ratio)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +175,15 @@ class RewardConfig(_Section):
     """R_i of a wrong one; must be < correct."""
     sandbox: str = "strict"
     """Isolation of the scoring workers: "strict" or "best_effort"."""
+    overlong: str = "none"
+    """Truncated responses (no EOS within rollout.max_new_tokens): "none"; "filter", out of
+    the loss (still in their group's advantage statistics); "soft", DAPO's linear length
+    penalty over the last overlong_buffer tokens, added to R (trainer/dynamic.py)."""
+    overlong_buffer: int = 0
+    """L_cache of DAPO's soft overlong punishment (tokens before max_new_tokens where the
+    penalty ramps from 0 to -overlong_penalty); > 0 with overlong "soft"."""
+    overlong_penalty: float = 1.0
+    """The soft penalty's largest magnitude, reached at rollout.max_new_tokens tokens."""
 
     def check(self):
         if self.name:
@@ -139,6 +193,10 @@ class RewardConfig(_Section):
         self._require("wrong", self.wrong < self.correct,
                       f"must be < config.reward.correct={self.correct!r}")
         self._one_of("sandbox", ("strict", "best_effort"))
+        self._one_of("overlong", ("none", "filter", "soft"))
+        self._nonneg("overlong_buffer", "overlong_penalty")
+        self._require("overlong_buffer", self.overlong != "soft" or self.overlong_buffer > 0,
+                      'must be > 0 with config.reward.overlong="soft"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,6 +280,19 @@ class LossConfig(_Section):
     """PPO only: weight of the value loss."""
     value_clip: float = 0.2
     """PPO only: ε_v of the clipped value loss (reward units)."""
+    kl_in: str = "loss"
+    """Where β·KL goes (DESIGN §4): "loss" (a term of the loss) or "reward" (β · the row's
+    summed per-token estimate under the sampler, no gradient, taken off R before the
+    advantages; PPO: off its terminal reward)."""
+    tis: str = "none"
+    """Sampler-trainer mismatch correction (DESIGN §4): "none", "token" or "sequence"
+    (truncated importance sampling on π_old / π_sampler per token, or per row's geometric mean)."""
+    tis_cap: float = 2.0
+    """TIS cap C > 1 on the ratio π_old / π_sampler."""
+    tis_mode: str = "truncate"
+    """"truncate" (weight min(ratio, C)) or "mask" (tokens / rows whose ratio exceeds C get 0)."""
+    entropy_coef: float = 0.0
+    """> 0: adds -entropy_coef · (the loss aggregation of the per-token policy entropy)."""
 
     def __post_init__(self):
         for i, name in enumerate(("clip_eps_low", "clip_eps_high")):  # "auto": from the loss
@@ -238,7 +309,12 @@ class LossConfig(_Section):
             self._require(name, not isinstance(getattr(self, name), str),
                           f'expected a float, or "auto" for a loss of CLIP_EPS ({losses})')
         self._unit("clip_eps_low")
-        self._nonneg("clip_eps_high", "beta", "norm_const", "value_coef", "value_clip")
+        self._nonneg("clip_eps_high", "beta", "norm_const", "value_coef", "value_clip",
+                     "entropy_coef")
+        self._one_of("kl_in", ("loss", "reward"))
+        self._one_of("tis", ("none", "token", "sequence"))
+        self._one_of("tis_mode", ("truncate", "mask"))
+        self._require("tis_cap", self.tis_cap > 1, "expected a cap > 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,6 +374,31 @@ class OptimConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class RolloutMeshConfig(_Section):
+    """Where rollouts are sampled (trainer/offpolicy.py: the parameters are resharded onto it
+    once per step). One axis may be -1: it takes the devices the others leave."""
+
+    KEY = "mesh.rollout"
+    devices: int = 0
+    """Devices that sample; 0 = the training mesh samples (the default). Else the last
+    `devices` devices with `dedicated`, the first `devices` (shared with training) without."""
+    dedicated: bool = False
+    """The sampling devices train nothing: the training mesh takes the other devices."""
+    data: int = -1
+    """The rollout mesh's data axis (rows split, weights replicated); -1 = the rest."""
+    fsdp: int = 1
+    """Its fsdp axis (rows split too); -1 = the rest."""
+    tensor: int = 1
+    """Its tensor axis (each matmul split); -1 = the rest."""
+
+    def check(self):
+        self._nonneg("devices")
+        self._require("dedicated", not self.dedicated or self.devices > 0,
+                      "needs config.mesh.rollout.devices > 0")
+        _check_axes(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig(_Section):
     """One axis may be -1: it takes the devices the others leave (sharding.make_mesh)."""
 
@@ -308,16 +409,23 @@ class MeshConfig(_Section):
     """Devices the parameters are sharded over (FSDP); -1 = the rest."""
     tensor: int = 1
     """Devices each matmul is split over (tensor parallelism); -1 = the rest."""
+    rollout: RolloutMeshConfig = dataclasses.field(default_factory=RolloutMeshConfig)
+    """The sampler's own mesh (default: the training mesh samples)."""
 
     def check(self):
-        for name in ("data", "fsdp", "tensor"):
-            self._require(name, getattr(self, name) == -1 or getattr(self, name) > 0,
-                          "must be -1 or > 0")
-        fill = [f"config.mesh.{n}=-1" for n in ("data", "fsdp", "tensor")
-                if getattr(self, n) == -1]
-        if len(fill) > 1:
-            raise ConfigError(f"{' and '.join(fill)}: only one mesh axis may be -1 (it takes "
-                              "the devices the others leave); set the others to a size")
+        _check_axes(self)
+
+
+def _check_axes(section: _Section) -> None:
+    """A mesh section's (data, fsdp, tensor): each -1 or > 0, at most one -1."""
+    for name in ("data", "fsdp", "tensor"):
+        section._require(name, getattr(section, name) == -1 or getattr(section, name) > 0,
+                         "must be -1 or > 0")
+    fill = [f"config.{section._key(n)}=-1" for n in ("data", "fsdp", "tensor")
+            if getattr(section, n) == -1]
+    if len(fill) > 1:
+        raise ConfigError(f"{' and '.join(fill)}: only one mesh axis may be -1 (it takes "
+                          "the devices the others leave); set the others to a size")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ibpo_jax import cli, hostmem, models, sharding
 from ibpo_jax import config as config_lib
 from ibpo_jax.trainer import batching, evaluation, loop, policy
 from ibpo_jax.trainer.checkpoint import Checkpointer
-from ibpo_jax.trainer.state import init_state, make_optimizer
+from ibpo_jax.trainer.state import init_state, lora_adapters, make_optimizer, policy_params
 
 
 def load_policy(cfg: config_lib.RunConfig, path: Path, *, task: Any, tokenizer: Any,
@@ -49,12 +49,15 @@ def load_policy(cfg: config_lib.RunConfig, path: Path, *, task: Any, tokenizer: 
     run_cfg = config_lib.from_dict(found[1]["config"])
     base = policy.load_base(run_cfg, task=task, tokenizer=tokenizer, mesh=mesh, log=print)
     optimizer = make_optimizer(run_cfg.optim, total_updates=max(run_cfg.train.steps, 1))
+    trained = (lora_adapters(run_cfg, base.params, mesh) if run_cfg.model.lora.rank
+               else base.params)  # LoRA: the checkpoint holds the adapters
     step, state, _ = ckpt.restore_latest(  # a damaged step: the newest intact one before it
-        init_state(base.params, optimizer), log=print,
+        init_state(trained, optimizer), log=print,
         steps=[s for s in ckpt.all_steps() if s <= found[0]] if step is None else [step])
     ckpt.close()
     print(f"restored {ckpt_dir}/{step}", flush=True)
-    return models.Qwen3LM(base.config, base.options, state.params, mesh)
+    return models.Qwen3LM(base.config, base.options,
+                          policy_params(base.options, base.params, state.params), mesh)
 
 
 def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,

@@ -5,7 +5,7 @@ response tokens the policy loss covers (incl. EOS). Every policy loss is a regis
 (`registry.LOSSES`) taking the hyperparameters as ONE `LossSpec` (the config's `loss` section)
 plus the arrays, keyword-only:
 
-    grpo_loss(spec, *, logp, old_logp, adv, mask, ref_logp=None, logits=None)
+    grpo_loss(spec, *, logp, old_logp, adv, mask, ref_logp=None, logits=None, sample_logp=None)
         -> LossOutput(num, den, metrics, weights)
 
 The loss is num / den; num and den are kept apart so that Σ num / Σ den over micro-batches
@@ -35,10 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax.config import LossConfig as LossSpec  # the loss hyperparameters, one dataclass
+from ibpo_jax.kl import LOG_RATIO_CLAMP, kl_k1, kl_k2, kl_k3, kl_low_var  # noqa: F401
 from ibpo_jax.numerics import safe_div  # (also losses.safe_div, for the callers of losses)
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
-
-LOG_RATIO_CLAMP = 20.0
 
 
 class Stat(NamedTuple):
@@ -132,35 +131,16 @@ def aggregate(spec: LossSpec, per_token: jax.Array, mask: jax.Array
 # --------------------------------------------------------------------------- KL estimators
 
 
-@KL_ESTIMATORS.register("k3")
-def kl_k3(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-    """Default. k3 = exp(u) - u - 1, u = logπ_ref - logπ_θ (clamped to ±LOG_RATIO_CLAMP), [B, T].
-
-    Value: ≥ 0, unbiased for KL(π_θ ‖ π_ref) on samples from π_θ. Gradient: ∂k3/∂logπ_θ =
-    1 - π_ref/π_θ, whose expectation under π_θ is -Σ_y π_ref ∇logπ_θ = ∇ KL(π_ref ‖ π_θ): as a loss
-    term k3 follows the forward (mass-covering) KL, not the reverse KL its value estimates.
-    """
-    u = jnp.clip(ref_logp - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return jnp.exp(u) - u - 1.0
-
-
-@KL_ESTIMATORS.register("k2")
-def kl_k2(logp: jax.Array, ref_logp: jax.Array) -> jax.Array:
-    """k2 = ½ (logπ_θ - logπ_ref)², [B, T].
-
-    Gradient (logπ_θ - logπ_ref) ∇logπ_θ, whose expectation under π_θ is ∇ KL(π_θ ‖ π_ref): the
-    unbiased reverse-KL gradient (its value is only a second-order KL estimate). Not the default.
-    """
-    return 0.5 * jnp.square(logp - ref_logp)
-
-
 def kl_penalty(spec: LossSpec, *, logp: jax.Array, ref_logp: jax.Array | None,
                mask: jax.Array) -> tuple[jax.Array, dict]:
     """β · aggregated per-token KL estimate (spec.beta, spec.kl_estimator), as a numerator
     sharing the policy loss's den (spec.aggregation).
 
-    Returns (num scalar, metrics {"kl_loss", "kl"}); empty metrics and num 0 without ref_logp.
+    Returns (num scalar, metrics {"kl_loss", "kl"}); empty metrics and num 0 without ref_logp
+    or when β·KL goes into the reward (spec.kl_in "reward": `kl_reward`).
     """
+    if spec.kl_in != "loss":
+        return jnp.zeros((), jnp.float32), {}
     if ref_logp is None:
         if spec.beta != 0:
             raise ValueError(f"beta={spec.beta} needs ref_logp (the reference policy's log-probs)")
@@ -178,6 +158,70 @@ def kl_penalty(spec: LossSpec, *, logp: jax.Array, ref_logp: jax.Array | None,
     sg = jax.lax.stop_gradient
     return num, {"kl_loss": Stat(sg(num), den),
                  "kl": Stat(sg(jnp.sum(kl)), jnp.sum(valid).astype(jnp.float32))}
+
+
+def kl_reward(spec: LossSpec, *, sample_logp: jax.Array, ref_logp: jax.Array,
+              mask: jax.Array) -> jax.Array:
+    """β · Σ_t k(logπ_sampler, logπ_ref) per row [B] (spec.kl_estimator; no gradient): the
+    penalty `loss.kl_in = "reward"` takes off each row's reward before the advantages.
+
+    Under the sampler's own log-probs the tokens are samples of the distribution the estimate is
+    about, so k1 is unbiased for the sequence KL(π_sampler ‖ π_ref) and its score-function
+    gradient is the reverse KL's (ibpo_jax/kl.py's table). sample_logp, ref_logp, mask: [B, T].
+    """
+    valid = jnp.asarray(mask).astype(bool)
+    estimator = KL_ESTIMATORS.get(spec.kl_estimator, key="config.loss.kl_estimator")
+    kl = estimator(jnp.where(valid, sample_logp, 0.0), jnp.where(valid, ref_logp, 0.0))
+    return jax.lax.stop_gradient(spec.beta * jnp.sum(jnp.where(valid, kl, 0.0), axis=-1))
+
+
+def entropy_bonus(spec: LossSpec, *, entropy: jax.Array, mask: jax.Array
+                  ) -> tuple[jax.Array, dict]:
+    """-spec.entropy_coef · Σ c_it H_it: the entropy bonus as a numerator sharing the policy
+    loss's den (spec.aggregation), so the loss is -coef · (the aggregated entropy).
+
+    entropy: [B, T] per-token policy entropy (carries gradient); mask [B, T]. Returns (num,
+    {"entropy_loss": Stat}); ∂num/∂H_it = -coef · c_it.
+    """
+    valid = jnp.asarray(mask).astype(bool)
+    num, den = aggregate(spec, jnp.asarray(entropy, jnp.float32), valid)
+    num = -spec.entropy_coef * num
+    return num, {"entropy_loss": Stat(jax.lax.stop_gradient(num), den)}
+
+
+def mismatch_kl(*, old_logp: jax.Array, sample_logp: jax.Array, mask: jax.Array) -> Stat:
+    """Token-mean k3 estimate of KL(π_sampler ‖ π_old) on the sampled tokens (they are the
+    sampler's samples), [B, T] inputs: the sampler-trainer mismatch (≥ 0, 0 iff equal)."""
+    valid = jnp.asarray(mask).astype(bool)
+    kl = kl_k3(jnp.where(valid, sample_logp, 0.0), jnp.where(valid, old_logp, 0.0))
+    return Stat(jnp.sum(jnp.where(valid, kl, 0.0)), jnp.sum(valid).astype(jnp.float32))
+
+
+def tis_weights(spec: LossSpec, *, old_logp: jax.Array, sample_logp: jax.Array,
+                mask: jax.Array) -> tuple[jax.Array, Stat]:
+    """Truncated importance sampling against the sampler-trainer mismatch (Yao et al. 2025,
+    "Your efficient RL framework secretly brings you off-policy RL training"; DESIGN §4).
+
+    r = π_old / π_sampler per token (spec.tis "token"), or per row the geometric mean
+    exp(mean_t log r_t) on its tokens ("sequence": length-normalized like GSPO's ratio; the
+    product would put long rows far past any cap from small per-token gaps). Weight:
+    "truncate" min(r, C); "mask" r · 1[r <= C] (outliers dropped). C = spec.tis_cap.
+
+    old_logp, sample_logp, mask: [B, T]. Returns (w [B, T] stop-gradient, 0 on padding;
+    tis_capped_frac: the share of tokens whose ratio exceeds C).
+    """
+    valid = jnp.asarray(mask).astype(bool)
+    log_r = jnp.clip(jnp.where(valid, old_logp - sample_logp, 0.0), -LOG_RATIO_CLAMP,
+                     LOG_RATIO_CLAMP)
+    if spec.tis == "sequence":
+        n = jnp.sum(valid, axis=-1, keepdims=True)
+        log_r = jnp.broadcast_to(jnp.sum(log_r, -1, keepdims=True) / jnp.maximum(n, 1),
+                                 log_r.shape)
+    r = jnp.exp(log_r)
+    over = valid & (r > spec.tis_cap)
+    w = jnp.minimum(r, spec.tis_cap) if spec.tis_mode == "truncate" else jnp.where(over, 0.0, r)
+    capped = Stat(jnp.sum(over).astype(jnp.float32), jnp.sum(valid).astype(jnp.float32))
+    return jax.lax.stop_gradient(jnp.where(valid, w, 0.0)), capped
 
 
 def entropy_stat(logits: jax.Array, mask: jax.Array) -> Stat:
@@ -203,6 +247,7 @@ class _Inputs(NamedTuple):
     valid: jax.Array  # [B, T] bool
     coeff: jax.Array  # [B, T] aggregation coefficients c_it
     den: jax.Array  # scalar aggregation denominator
+    tis: tuple[jax.Array, Stat] | None = None  # `tis_weights` (spec.tis != "none")
 
 
 class _Terms(NamedTuple):
@@ -234,8 +279,8 @@ def _seq_log_ratio(x: _Inputs):
     return jnp.clip(mean, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP), n
 
 
-def _inputs(name: str, spec: LossSpec, logp, old_logp, adv, mask, ranks: tuple[int, ...]
-            ) -> _Inputs:
+def _inputs(name: str, spec: LossSpec, logp, old_logp, adv, mask, ranks: tuple[int, ...],
+            sample_logp=None) -> _Inputs:
     """Checks shapes (adv of rank in `ranks`: 1 = [B], 2 = [B, T]) and prepares the inputs."""
     logp = jnp.asarray(logp, jnp.float32)
     old_logp = jnp.asarray(old_logp, jnp.float32)
@@ -256,7 +301,10 @@ def _inputs(name: str, spec: LossSpec, logp, old_logp, adv, mask, ranks: tuple[i
     log_ratio = jnp.clip(jnp.where(valid, logp - old_logp, 0.0), -LOG_RATIO_CLAMP,
                          LOG_RATIO_CLAMP)
     coeff, den = coefficients(spec, valid)
-    return _Inputs(logp, log_ratio, adv, valid, coeff, den)
+    tis = None
+    if sample_logp is not None and spec.tis != "none":
+        tis = tis_weights(spec, old_logp=old_logp, sample_logp=sample_logp, mask=valid)
+    return _Inputs(logp, log_ratio, adv, valid, coeff, den, tis)
 
 
 def _token_terms(x: _Inputs, spec: LossSpec) -> _Terms:
@@ -268,9 +316,18 @@ def _token_terms(x: _Inputs, spec: LossSpec) -> _Terms:
                   x.valid)
 
 
-def _loss_output(spec: LossSpec, x: _Inputs, terms: _Terms, ref_logp, logits) -> LossOutput:
-    """num = Σ c ℓ + β·KL numerator, the metrics, and the token weights."""
-    pg_num = jnp.sum(x.coeff * terms.loss)
+def _loss_output(spec: LossSpec, x: _Inputs, terms: _Terms, ref_logp, logits,
+                 seq_level: bool = False) -> LossOutput:
+    """num = Σ c ℓ + β·KL numerator, the metrics, and the token weights. With TIS (x.tis) each
+    token's ℓ times its TIS weight τ: w_it τ_it, or for a sequence loss (ℓ_i on every token,
+    `seq_level`) w_i Σ_t c_it τ_it / Σ_t c_it, the gradient reaching each token through ℓ_i."""
+    weight, loss = terms.weight, terms.loss
+    if x.tis is not None:
+        tau = x.tis[0]
+        loss = loss * tau
+        weight = weight * (safe_div(jnp.sum(x.coeff * tau, -1, keepdims=True),
+                                    jnp.sum(x.coeff, -1, keepdims=True)) if seq_level else tau)
+    pg_num = jnp.sum(x.coeff * loss)
     kl_num, kl_metrics = kl_penalty(spec, logp=x.logp, ref_logp=ref_logp, mask=x.valid)
     sg = jax.lax.stop_gradient
     ratio, rv = sg(terms.ratio), terms.ratio_valid
@@ -283,19 +340,22 @@ def _loss_output(spec: LossSpec, x: _Inputs, terms: _Terms, ref_logp, logits) ->
         "ratio_max": jnp.max(jnp.where(rv, ratio, -jnp.inf)),
         **kl_metrics,
     }
+    if x.tis is not None:
+        metrics["tis_capped_frac"] = x.tis[1]
     if logits is not None:
         metrics["entropy"] = entropy_stat(logits, x.valid)
-    return LossOutput(pg_num + kl_num, x.den, metrics, sg(terms.weight))
+    return LossOutput(pg_num + kl_num, x.den, metrics, sg(weight))
 
 
 # --------------------------------------------------------------------------- policy losses
 # Every policy loss: fn(spec: LossSpec, *, logp, old_logp, adv, mask, ref_logp=None,
-# logits=None) -> LossOutput.
+# logits=None, sample_logp=None) -> LossOutput.
 #   logp: [B, T] log π_θ of the sampled tokens (the only input that carries gradient).
 #   old_logp: [B, T] log π_old (behaviour policy). mask: [B, T] response tokens incl. EOS.
 #   adv: advantages, [B] per sequence or [B, T] per token (each loss says which).
 #   ref_logp: [B, T] log π_ref, needed when spec.beta != 0 (the KL term is aggregated like
 #   the policy term, inside num). logits: optional [B, T, V], only for the entropy metric.
+#   sample_logp: [B, T] the sampler's log-probs, for TIS (spec.tis; metric tis_capped_frac).
 # LossOutput.metrics (no gradient): pg_loss, kl_loss (β-weighted; pg_loss + kl_loss = loss),
 # kl (token mean of the estimator), clip_frac, ratio_mean as Stats; ratio_min / ratio_max per
 # micro-batch; entropy when logits are given. LossOutput.weights: DESIGN §5's w_it.
@@ -304,34 +364,39 @@ def _loss_output(spec: LossSpec, x: _Inputs, terms: _Terms, ref_logp, logits) ->
 @LOSSES.register("grpo")
 def grpo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
               mask: jax.Array, ref_logp: jax.Array | None = None,
-              logits: jax.Array | None = None) -> LossOutput:
+              logits: jax.Array | None = None, sample_logp: jax.Array | None = None
+              ) -> LossOutput:
     """GRPO clipped surrogate (Shao et al. 2024, eq. 3; paper §3.4; DESIGN §4), per token:
     ℓ_it = -min(ρ_it A_it, clip(ρ_it, 1-ε_low, 1+ε_high) A_it), ε = 0.2.
 
     adv [B] (broadcast over tokens) or [B, T] (token-level IBPO credit). clip_frac and the
     ratio metrics are over tokens.
     """
-    x = _inputs("grpo", spec, logp, old_logp, adv, mask, ranks=(1, 2))
+    x = _inputs("grpo", spec, logp, old_logp, adv, mask, ranks=(1, 2),
+                sample_logp=sample_logp)
     return _loss_output(spec, x, _token_terms(x, spec), ref_logp, logits)
 
 
 @LOSSES.register("ppo")
 def ppo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
              mask: jax.Array, ref_logp: jax.Array | None = None,
-             logits: jax.Array | None = None) -> LossOutput:
+             logits: jax.Array | None = None, sample_logp: jax.Array | None = None
+             ) -> LossOutput:
     """PPO clipped policy loss (Schulman et al. 2017, eq. 7 L^CLIP; DESIGN §4): GRPO's
     per-token surrogate with per-token advantages from `advantages.ppo_advantages`, so adv
     must be [B, T]. The value head is trained with `value_loss`, added by the trainer with
     spec.value_coef.
     """
-    x = _inputs("ppo", spec, logp, old_logp, adv, mask, ranks=(2,))
+    x = _inputs("ppo", spec, logp, old_logp, adv, mask, ranks=(2,),
+                sample_logp=sample_logp)
     return _loss_output(spec, x, _token_terms(x, spec), ref_logp, logits)
 
 
 @LOSSES.register("gspo")
 def gspo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
               mask: jax.Array, ref_logp: jax.Array | None = None,
-              logits: jax.Array | None = None) -> LossOutput:
+              logits: jax.Array | None = None, sample_logp: jax.Array | None = None
+              ) -> LossOutput:
     """GSPO (Zheng et al. 2025, the sequence-level objective; paper §3.4; DESIGN §4):
     s_i = exp(mean_t log ρ_it) over the valid tokens, ℓ_i = -min(s_i A_i, clip(s_i, 1-3e-4,
     1+4e-4) A_i), placed on every valid token before aggregation (seq_mean_token_mean gives
@@ -339,7 +404,8 @@ def gspo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.
 
     w: ∂(Σ_t c_it ℓ_i)/∂logp_it = -A_i (Σ_t' c_it') s_i 1[unclipped_i] / n_i.
     """
-    x = _inputs("gspo", spec, logp, old_logp, adv, mask, ranks=(1,))
+    x = _inputs("gspo", spec, logp, old_logp, adv, mask, ranks=(1,),
+                sample_logp=sample_logp)
     seq_lr, n = _seq_log_ratio(x)
     s = jnp.exp(seq_lr)
     loss, clipped = _clipped_surrogate(s, x.adv, spec)
@@ -347,13 +413,14 @@ def gspo_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.
     w_seq = jnp.sum(x.coeff, axis=-1) * s * ~clipped / jnp.maximum(n, 1)
     terms = _Terms(jnp.where(x.valid, loss[:, None], 0.0),
                    jnp.where(x.valid, w_seq[:, None], 0.0), s, has, clipped & has, has)
-    return _loss_output(spec, x, terms, ref_logp, logits)
+    return _loss_output(spec, x, terms, ref_logp, logits, seq_level=True)
 
 
 @LOSSES.register("gspo_token")
 def gspo_token_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv: jax.Array,
                     mask: jax.Array, ref_logp: jax.Array | None = None,
-                    logits: jax.Array | None = None) -> LossOutput:
+                    logits: jax.Array | None = None, sample_logp: jax.Array | None = None
+              ) -> LossOutput:
     """GSPO-token (Zheng et al. 2025, the token-level variant; DESIGN §4) for token credit:
     s_it = sg[s_i] · exp(logπ_θ,it - sg[logπ_θ,it]) (value s_i, gradient s_i ∇logπ_θ,it),
     ℓ_it = -min(s_it A_it, clip(s_it, 1-3e-4, 1+4e-4) A_it); w_it = c_it s_i 1[unclipped_it].
@@ -361,7 +428,8 @@ def gspo_token_loss(spec: LossSpec, *, logp: jax.Array, old_logp: jax.Array, adv
     adv [B] or [B, T]; with per-sequence advantages it equals GSPO in value and gradient.
     clip_frac is over tokens, the ratio metrics over sequences (ratio = s_i).
     """
-    x = _inputs("gspo_token", spec, logp, old_logp, adv, mask, ranks=(1, 2))
+    x = _inputs("gspo_token", spec, logp, old_logp, adv, mask, ranks=(1, 2),
+                sample_logp=sample_logp)
     seq_lr, n = _seq_log_ratio(x)
     s = jax.lax.stop_gradient(jnp.exp(seq_lr))
     s_tok = s[:, None] * jnp.exp(x.logp - jax.lax.stop_gradient(x.logp))

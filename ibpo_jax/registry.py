@@ -98,7 +98,7 @@ ESTIMATORS: Registry[Callable[..., Any]] = Registry(
     "advantage estimator", ("ibpo_jax.advantages",))
 LOSSES: Registry[Callable[..., Any]] = Registry("policy loss", ("ibpo_jax.losses",))
 AGGREGATIONS: Registry[Callable[..., Any]] = Registry("loss aggregation", ("ibpo_jax.losses",))
-KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator", ("ibpo_jax.losses",))
+KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator", ("ibpo_jax.kl",))
 TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "cancellation transform", ("ibpo_jax.cancellation",))
 REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))

@@ -14,6 +14,9 @@ top_k=0 and top_p=1 that is exactly what `models.token_logprobs(..., temperature
 recomputes (what RL needs as log pi_old). Greedy decoding (temperature 0) reports the model's
 untempered log-probs of the chosen tokens.
 
+Each row also carries the sum over its tokens of the policy's entropy at temperature 1
+(`strategies.entropy` of the same logits, no extra pass): evaluation's `eval_entropy`.
+
 Rows stop at their first EOS (counted in `lengths`; later tokens are `pad_id` with log-prob 0);
 the loop exits as soon as every row is done. Between legs of the loop (`kv_cache.decode_stops`:
 each segment width, and within one every width / 8 steps, at most `COMPACT_EVERY`) finished
@@ -53,6 +56,7 @@ from ibpo_jax.strategies import (  # noqa: F401  (re-exported: the sampler's str
     Greedy,
     TopK,
     TopP,
+    entropy,
     inverse_cdf,
     make_strategy,
     sample_inverse_cdf,
@@ -65,6 +69,9 @@ class SampleOutput(NamedTuple):
     tokens: Array  # [B*R, N] int32, pad_id after each row's length
     lengths: Array  # [B*R] int32, generated tokens including the EOS token
     logprobs: Array  # [B*R, N] float32, 0 past each row's length
+    # [B*R] float32: Σ over each row's tokens of the policy's entropy at temperature 1
+    # (`strategies.entropy` of the logits it sampled from); None from hand-built outputs.
+    entropy: Array | None = None
 
 
 # ---------------------------------------------------------------- weights
@@ -114,6 +121,7 @@ class DecodeState(NamedTuple):
     next_pos: Array  # [M] int32: position of tokens[:, step]
     row_ids: Array  # [M] int32: each row's output row; B*R on a compacted batch's padding
     rng: Array
+    entropy: Array  # [M] float32: Σ entropy (temperature 1) of the row's tokens so far
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +152,9 @@ class _Sampler:
         return self._params(compute_weights(params, self.options.dtype))
 
     def _pick(self, logits: Array, rng: Array, step: Array, done: Array, row_ids: Array,
-              total: int) -> tuple[Array, Array]:
+              total: int) -> tuple[Array, Array, Array]:
+        """(tokens, their log-probs, the entropy at temperature 1) per row [M]; pad_id, 0, 0
+        on rows already done."""
         if isinstance(self.strategy, Greedy):
             tokens, logp = self.strategy(logits, rng)
         else:
@@ -153,7 +163,7 @@ class _Sampler:
             u = jax.random.uniform(jax.random.fold_in(rng, step), (total, 1))
             tokens, logp = self.strategy.sample(logits, u[jnp.minimum(row_ids, total - 1)])
         return (jnp.where(done, self.pad_id, tokens).astype(jnp.int32),
-                jnp.where(done, 0.0, logp))
+                jnp.where(done, 0.0, logp), jnp.where(done, 0.0, entropy(logits)))
 
     def _is_eos(self, tokens: Array) -> Array:
         if not self.eos_ids:
@@ -171,8 +181,8 @@ class _Sampler:
         logits = self.model.apply({"params": params}, hidden[:, -1], method=Qwen3.logits)
         logits = jnp.repeat(logits, r, axis=0)  # prompt-major rows b*R + r
         ids = jnp.arange(b * r, dtype=jnp.int32)
-        first, logp = self._pick(logits, rng, jnp.int32(0), jnp.zeros((b * r,), bool), ids,
-                                 b * r)
+        first, logp, ent = self._pick(logits, rng, jnp.int32(0), jnp.zeros((b * r,), bool),
+                                      ids, b * r)
         # Token i's key/value go to slot i when token i is fed; the last token is never fed.
         # The row cache starts at the first segment's width and grows (see `decode`).
         width = kv_cache.slot_widths(max(n - 1, 1))[0]
@@ -185,7 +195,8 @@ class _Sampler:
             step=jnp.int32(0), cache=cache, tokens=tokens,
             logprobs=jnp.zeros((b * r, n), jnp.float32).at[:, 0].set(logp),
             lengths=jnp.ones((b * r,), jnp.int32), done=self._is_eos(first), prompt_mask=mask,
-            next_pos=jnp.repeat(prompt_lens.astype(jnp.int32), r), row_ids=ids, rng=rng)
+            next_pos=jnp.repeat(prompt_lens.astype(jnp.int32), r), row_ids=ids, rng=rng,
+            entropy=ent)
 
     def _place(self, cache: kv_cache.KVCache) -> kv_cache.KVCache:
         """Sharding constraints of the cache's arrays (keys [.., B, K, H, S], values
@@ -208,14 +219,14 @@ class _Sampler:
             {"params": params}, fed, s.next_pos, s.cache, s.prompt_mask,
             jnp.arange(slots) <= s.step, s.step, method=Qwen3.decode)
         logits = self.model.apply({"params": params}, hidden, method=Qwen3.logits)
-        tok, logp = self._pick(logits, s.rng, s.step + 1, s.done, s.row_ids, total)
+        tok, logp, ent = self._pick(logits, s.rng, s.step + 1, s.done, s.row_ids, total)
         col = s.step + 1
         return s._replace(
             step=col, cache=cache,
             tokens=jax.lax.dynamic_update_index_in_dim(s.tokens, tok, col, axis=1),
             logprobs=jax.lax.dynamic_update_index_in_dim(s.logprobs, logp, col, axis=1),
             lengths=s.lengths + (~s.done).astype(jnp.int32),
-            done=s.done | self._is_eos(tok), next_pos=s.next_pos + 1)
+            done=s.done | self._is_eos(tok), next_pos=s.next_pos + 1, entropy=s.entropy + ent)
 
     def segment(self, params: Any, state: DecodeState, stop: Array, total: int
                 ) -> DecodeState:
@@ -243,7 +254,7 @@ class _Sampler:
         put = lambda full, part: sharding.constrain(  # noqa: E731
             full.at[state.row_ids].set(part, mode="drop"), P(sharding.BATCH))
         return SampleOutput(put(out.tokens, state.tokens), put(out.lengths, state.lengths),
-                            put(out.logprobs, state.logprobs))
+                            put(out.logprobs, state.logprobs), put(out.entropy, state.entropy))
 
     def compact(self, out: SampleOutput | None, state: DecodeState, keep: Array, width: int,
                 total: int) -> tuple[SampleOutput, DecodeState]:
@@ -252,7 +263,8 @@ class _Sampler:
         row cache grown to `width`). `out` None: the state is the uncompacted prefill's (its
         prompt cache shared by R rows each), and its arrays are the outputs so far."""
         if out is None:
-            out, shared = SampleOutput(state.tokens, state.lengths, state.logprobs), True
+            out, shared = SampleOutput(state.tokens, state.lengths, state.logprobs,
+                                       state.entropy), True
         else:
             out, shared = self.merge(out, state), False
         pad = keep < 0
@@ -266,7 +278,7 @@ class _Sampler:
             kv_cache.grow(kv_cache.take_rows(state.cache.rows, idx, stacked), width))
         return out, state._replace(
             cache=self._place(cache), tokens=take(state.tokens), logprobs=take(state.logprobs),
-            lengths=take(state.lengths), done=take(state.done) | pad,
+            lengths=take(state.lengths), done=take(state.done) | pad, entropy=take(state.entropy),
             prompt_mask=sharding.constrain(state.prompt_mask[prompt], P(sharding.BATCH)),
             next_pos=take(state.next_pos), row_ids=jnp.where(pad, total, ids))
 
@@ -349,7 +361,7 @@ def _decode(sampler: _Sampler, progs: _Programs, params: Any, state: DecodeState
             state = sampler.grow(state, width)
         state = progs.segment(params, state, _replicated(mesh, np.int32(stop)), total)
     if out is None:
-        return SampleOutput(state.tokens, state.lengths, state.logprobs)
+        return SampleOutput(state.tokens, state.lengths, state.logprobs, state.entropy)
     return progs.merge(out, state)
 
 

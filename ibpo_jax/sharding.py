@@ -53,6 +53,8 @@ class ShardingSpec:
     logits_btv: P
     cache_bkhs: P  # decode cache keys (stored transposed)
     cache_bksh: P  # decode cache values
+    lora_a_ir: P = P()  # LoRA adapters (models/lora.py): A [I, r], B [r, O]; replicated unless
+    lora_b_ro: P = P()  # split like TRAINING's weights (input / output over fsdp)
 
 
 _ACTIVATIONS = dict(
@@ -73,6 +75,8 @@ TRAINING = ShardingSpec(
     mlp_in_df=P("fsdp", "tensor"),
     mlp_out_fd=P("tensor", "fsdp"),
     unembed_dv=P("fsdp", "tensor"),
+    lora_a_ir=P("fsdp", None),
+    lora_b_ro=P(None, "fsdp"),
     vector=P(),
     **_ACTIVATIONS,
 )
@@ -287,9 +291,16 @@ def _axis_size(mesh: Mesh, entry: Any) -> int:
     return math.prod(mesh.shape[n] for n in names)
 
 
+def _field(name: str) -> str | None:
+    """The ShardingSpec field of parameter leaf `name` (LoRA adapters by their suffix)."""
+    if name.endswith(("_lora_a", "_lora_b")):
+        return "lora_a_ir" if name.endswith("_lora_a") else "lora_b_ro"
+    return PARAM_FIELDS.get(name)
+
+
 def param_spec(path: tuple[str, ...], ndim: int, layout: ShardingSpec) -> P:
     """PartitionSpec of the parameter at `path` (keys of the params dict) with `ndim` dims."""
-    field = PARAM_FIELDS.get(path[-1])
+    field = _field(path[-1])
     if field is None:
         raise KeyError(f"no sharding rule for parameter {'/'.join(path)}")
     spec = tuple(getattr(layout, field))
@@ -330,7 +341,7 @@ def param_bytes_per_device(params_shape: Any, mesh: Mesh, layout: ShardingSpec,
         keys = tuple(str(getattr(k, "key", k)) for k in path)
         spec = param_spec(keys, len(leaf.shape), layout)
         size = np.dtype(leaf.dtype).itemsize
-        if narrow is not None and PARAM_FIELDS[keys[-1]] != "vector":
+        if narrow is not None and _field(keys[-1]) != "vector":
             size = min(size, narrow.itemsize)
         shards = math.prod(_axis_size(mesh, e) for e in spec)
         return math.prod(leaf.shape) * size // shards

@@ -313,7 +313,7 @@ def test_value_loss_by_hand():
 def test_registry_and_bad_inputs():
     assert set(LOSSES.names()) == set(NAMES)
     assert set(AGGREGATIONS.names()) == set(AGGS)
-    assert set(KL_ESTIMATORS.names()) == {"k2", "k3"}
+    assert set(KL_ESTIMATORS.names()) == {"k1", "k2", "k3", "low_var"}
     x = jnp.zeros((2, 3))
     m = jnp.ones((2, 3))
     with pytest.raises(ValueError, match="gspo_token"):
@@ -335,3 +335,172 @@ def test_registry_and_bad_inputs():
         make_spec("grpo", kl_estimator="k4")
     # Each registered loss is the plain function a reader finds in losses.py.
     assert LOSSES.get("gspo") is losses.gspo_loss and LOSSES.get("ppo") is losses.ppo_loss
+
+
+# ----------------------------------------------------------- KL estimators: exact expectations
+# A categorical π_θ = softmax(θ) over 5 tokens and a fixed π_ref, far enough apart that the
+# forward and reverse KLs' gradients differ. Every expectation is the exact sum over the
+# support (no sampling); the "true" gradients are autodiff of the exact KLs.
+THETA = jnp.array([1.0, 0.2, -0.5, 0.3, -1.2])
+REF = jax.nn.log_softmax(jnp.array([-0.4, 0.9, 0.1, -1.0, 0.5]))
+
+
+def _kl_expectations(name, theta=THETA, ref=REF):
+    """(E_π[k], E_π[∇k] (k in the loss), E_π[sg(k) ∇logπ] (k in the reward)) over the support."""
+    k = KL_ESTIMATORS.get(name)
+    pi = lambda t: jnp.exp(jax.nn.log_softmax(t))  # noqa: E731
+    sg = jax.lax.stop_gradient
+    value = jnp.sum(pi(theta) * k(jax.nn.log_softmax(theta), ref))
+    in_loss = jax.grad(lambda t: jnp.sum(sg(pi(t)) * k(jax.nn.log_softmax(t), ref)))(theta)
+    in_reward = jax.grad(lambda t: jnp.sum(
+        sg(pi(t) * k(jax.nn.log_softmax(t), ref)) * jax.nn.log_softmax(t)))(theta)
+    return value, in_loss, in_reward
+
+
+def _exact_kls(theta=THETA, ref=REF):
+    """(KL(π‖π_ref), ∇KL(π‖π_ref), ∇KL(π_ref‖π)) by autodiff of the exact sums."""
+    rev = lambda t: jnp.sum(jnp.exp(jax.nn.log_softmax(t)) * (jax.nn.log_softmax(t) - ref))  # noqa
+    fwd = lambda t: jnp.sum(jnp.exp(ref) * (ref - jax.nn.log_softmax(t)))  # noqa: E731
+    return rev(theta), jax.grad(rev)(theta), jax.grad(fwd)(theta)
+
+
+def test_kl_estimators_value_and_gradient_against_the_exact_kl():
+    kl, grad_rev, grad_fwd = _exact_kls()
+    assert float(kl) > 0.1 and np.abs(grad_rev - grad_fwd).max() > 0.05  # a case that can fail
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
+    v, in_loss, in_reward = _kl_expectations("k1")
+    close(v, kl)  # unbiased value
+    close(in_loss, np.zeros(5))  # in the loss: no gradient in expectation
+    close(in_reward, grad_rev)  # in the reward: the reverse KL's gradient
+    v, in_loss, _ = _kl_expectations("k2")
+    assert abs(float(v) - float(kl)) > 1e-2  # a biased value
+    close(in_loss, grad_rev)  # the reverse KL's gradient in the loss
+    v, in_loss, in_reward = _kl_expectations("k3")
+    close(v, kl)
+    close(in_loss, grad_fwd)  # in the loss: the forward KL's gradient
+    close(in_reward, grad_rev - grad_fwd)
+    # low_var = k3 wherever k3 < 10 (all tokens here): the same value and gradients.
+    for a, b in zip(_kl_expectations("low_var"), _kl_expectations("k3")):
+        close(a, b)
+
+
+def test_low_var_bounds_k3_at_ten():
+    # π_ref puts e^12 times π's mass on token 0: k3 = e^u - u - 1 > 10 there, where low_var
+    # is 10 and carries no gradient (k3's ∂/∂logπ there is 1 - e^u).
+    logp, ref = jnp.array([[-13.0, -0.5]]), jnp.array([[-1.0, -0.2]])
+    k3, lv = KL_ESTIMATORS.get("k3"), KL_ESTIMATORS.get("low_var")
+    u = np.array([12.0, 0.3])
+    np.testing.assert_allclose(k3(logp, ref), [np.exp(u) - u - 1], rtol=1e-5)
+    np.testing.assert_allclose(lv(logp, ref), [[10.0, np.exp(0.3) - 1.3]], rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda x: lv(x, ref).sum())(logp),
+                               [[0.0, 1 - np.exp(0.3)]], rtol=1e-5)
+    np.testing.assert_allclose(KL_ESTIMATORS.get("k1")(logp, ref), [[-12.0, -0.3]], rtol=1e-6)
+
+
+def test_kl_in_reward_leaves_the_loss_and_sums_per_row():
+    # β·KL in the reward: no KL term in the loss (and no π_ref needed there); the row penalty
+    # is β Σ_t k1 = 0.5 · ((-1 - -2) + (-1 - -0.5)) = 0.25 on row 0, 0.5 · (-3 - -1) on row 1
+    # (its second token is padding).
+    spec = make_spec("grpo", beta=0.5, kl_estimator="k1", kl_in="reward")
+    logp = jnp.array([[-1.0, -1.0], [-3.0, -7.0]])
+    ref = jnp.array([[-2.0, -0.5], [-1.0, 9.0]])
+    mask = jnp.array([[1, 1], [1, 0]])
+    np.testing.assert_allclose(losses.kl_reward(spec, sample_logp=logp, ref_logp=ref, mask=mask),
+                               [0.25, -1.0], rtol=1e-6)
+    out = losses.grpo_loss(spec, logp=logp, old_logp=logp, adv=jnp.ones(2), mask=mask)
+    plain = losses.grpo_loss(dataclasses.replace(spec, beta=0.0), logp=logp, old_logp=logp,
+                             adv=jnp.ones(2), mask=mask)
+    assert out.num == plain.num and "kl" not in out.metrics
+
+
+# --------------------------------------------------------------------- TIS and the mismatch KL
+
+
+def _tis(mode, tis, cap, old, sample, mask):
+    spec = make_spec("grpo", tis=tis, tis_mode=mode, tis_cap=cap)
+    w, capped = losses.tis_weights(spec, old_logp=jnp.log(jnp.array(old)),
+                                   sample_logp=jnp.log(jnp.array(sample)), mask=jnp.array(mask))
+    return np.asarray(w), float(capped.num / capped.den)
+
+
+def test_tis_weights_by_hand():
+    # Ratios π_old / π_sampler: 0.5, 1.5, 3 on row 0; row 1: 2.5 then padding.
+    old, sample = [[0.2, 0.3, 0.6], [0.5, 0.9]], [[0.4, 0.2, 0.2], [0.2, 0.1]]
+    old, sample = ([r + [1.0] * (3 - len(r)) for r in x] for x in (old, sample))
+    mask = [[1, 1, 1], [1, 0, 0]]
+    w, frac = _tis("truncate", "token", 2.0, old, sample, mask)
+    np.testing.assert_allclose(w, [[0.5, 1.5, 2.0], [2.0, 0, 0]], rtol=1e-5)
+    assert frac == pytest.approx(2 / 4)
+    w, frac = _tis("mask", "token", 2.0, old, sample, mask)
+    np.testing.assert_allclose(w, [[0.5, 1.5, 0.0], [0.0, 0, 0]], rtol=1e-5)
+    assert frac == pytest.approx(2 / 4)
+    # Sequence: row 0's geometric mean (0.5·1.5·3)^(1/3) = 2.25^(1/3) ≈ 1.310 on all its
+    # tokens (under the cap); row 1's is 2.5, over it: capped (truncate) or dropped (mask).
+    g = 2.25 ** (1 / 3)
+    w, frac = _tis("truncate", "sequence", 2.0, old, sample, mask)
+    np.testing.assert_allclose(w, [[g, g, g], [2.0, 0, 0]], rtol=1e-5)
+    assert frac == pytest.approx(1 / 4)
+    w, frac = _tis("mask", "sequence", 1.2, old, sample, mask)
+    np.testing.assert_allclose(w, [[0, 0, 0], [0, 0, 0]])
+    assert frac == 1.0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tis_scales_the_policy_gradient_by_its_weights(name):
+    # On-policy (ratio 1, nothing clipped), token TIS truncate at 2 on ratios 0.5, 1.5, 3:
+    # τ = 0.5, 1.5, 2. Token losses: ∂num/∂logp_t = -A c_t τ_t; sequence GSPO: every token
+    # -A (Σ c τ / Σ c) c_t s = -A (4/3) / 3 with seq_mean_token_mean (c = 1/3).
+    logp = jnp.log(jnp.array([[0.2, 0.3, 0.6]]))
+    sample = jnp.log(jnp.array([[0.4, 0.2, 0.2]]))
+    adv = jnp.full((1, 3), 2.0) if name == "ppo" else jnp.array([2.0])
+    mask = jnp.ones((1, 3))
+    out, grad = loss_and_grad(logp, name=name, old_logp=logp, adv=adv, mask=mask,
+                              sample_logp=sample, tis="token", tis_cap=2.0)
+    tau = np.array([0.5, 1.5, 2.0])
+    want = (np.full(3, 4 / 3) if name == "gspo" else tau) / 3
+    np.testing.assert_allclose(grad, [-2.0 * want], rtol=1e-5)
+    np.testing.assert_allclose(out.weights, [want], rtol=1e-5)  # DESIGN §5's w, τ included
+    assert float(out.metrics["tis_capped_frac"].num) == 1.0
+    plain, g_plain = loss_and_grad(logp, name=name, old_logp=logp, adv=adv, mask=mask,
+                                   sample_logp=sample)  # tis "none": the loss as before
+    bare, g_bare = loss_and_grad(logp, name=name, old_logp=logp, adv=adv, mask=mask)
+    assert float(plain.num) == float(bare.num) and np.array_equal(g_plain, g_bare)
+    assert "tis_capped_frac" not in plain.metrics
+
+
+def test_mismatch_kl_by_hand():
+    # Sampler 0.5 vs trainer 0.25 on a token: k3 with u = ln(0.25 / 0.5) = e^u - u - 1
+    # = 0.5 + ln 2 - 1; an equal token: 0; padding ignored.
+    stat = losses.mismatch_kl(old_logp=jnp.log(jnp.array([[0.25, 0.3, 0.9]])),
+                              sample_logp=jnp.log(jnp.array([[0.5, 0.3, 0.1]])),
+                              mask=jnp.array([[1, 1, 0]]))
+    np.testing.assert_allclose(stat.num / stat.den, (math.log(2) - 0.5) / 2, rtol=1e-6)
+
+
+def test_entropy_bonus_gradient_sign_and_size():
+    # -coef · aggregated entropy, token_mean over 3 tokens (den 3): ∂num/∂H_t = -coef, so the
+    # loss's gradient is -coef / 3 per token; a gradient step on the logits raises H.
+    spec = make_spec("grpo", entropy_coef=0.05, aggregation="token_mean")
+    logits = jnp.array([[[2.0, 0.0, -1.0], [0.5, 0.4, 0.0], [3.0, -2.0, 0.0]]])
+    mask = jnp.array([[1, 1, 0]])
+
+    def ent(z):
+        logp = jax.nn.log_softmax(z)
+        return -jnp.sum(jnp.exp(logp) * logp, -1)
+
+    h = ent(logits)
+    g_h = jax.grad(lambda x: losses.entropy_bonus(spec, entropy=x, mask=mask)[0])(h)
+    np.testing.assert_allclose(g_h, [[-0.05, -0.05, 0.0]], rtol=1e-6)
+    num, metrics = losses.entropy_bonus(spec, entropy=h, mask=mask)
+    np.testing.assert_allclose(num / metrics["entropy_loss"].den, -0.05 * (h[0, 0] + h[0, 1]) / 2,
+                               rtol=1e-6)
+    step = jax.grad(lambda z: losses.entropy_bonus(spec, entropy=ent(z), mask=mask)[0])(logits)
+    assert float(ent(logits - 1.0 * step)[0, :2].sum()) > float(h[0, :2].sum())
+
+
+@pytest.mark.parametrize("key, bad", [("kl_in", "both"), ("tis", "tokens"),
+                                      ("tis_mode", "clip"), ("tis_cap", 1.0),
+                                      ("entropy_coef", -0.1)])
+def test_loss_knob_checks_name_the_key(key, bad):
+    with pytest.raises(ValueError, match=rf"config\.loss\.{key}="):
+        make_spec("grpo", **{key: bad})

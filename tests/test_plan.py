@@ -50,6 +50,7 @@ def plans():
         "0.6b": _start("qwen3_0.6b_math", "h100", 1),
         "0.6b_2048": _start("qwen3_0.6b_math", "h100", 1, "--config.rollout.max_new_tokens=2048"),
         "8b": _start("qwen3_8b_math", "h100", 8),
+        "8b_lora": _start("qwen3_8b_math", "h100", 8, "--config.model.lora.rank=64"),
     }
     return {name: _result(p) for name, p in procs.items()}
 
@@ -64,6 +65,23 @@ def test_preset_update_fits_its_hardware(plans, name, devices):
     assert 0 < update <= plan["hbm_bytes_per_device"], f"{update / GIB:.1f} GiB"
     assert plan["fits"] and rc == 0, err[-2000:]
     assert plan["flops_per_step"] > 0 and plan["predicted_step_s"] > 0
+
+
+def test_lora_lowers_the_resident_state_and_the_update(plans):
+    """LoRA: the state is the adapters (fp32) and their Adam moments, the frozen base is held
+    once (as π_ref, in the param dtype) and no reference copy is kept."""
+    full, (rc, lora, err) = plans["8b"][1], plans["8b_lora"]
+    assert lora and rc == 0, err[-2000:]
+    rf, rl = full["resident_bytes_per_device"], lora["resident_bytes_per_device"]
+    assert rl["reference"] == rf["params"]  # the fp32 base itself, sharded alike
+    # rank 64 on all 7 projections of 36 layers: 64 (I + O) each, 4 bytes, over 8 devices
+    c = config.load("configs/ibpo_gspo.py:qwen3_8b_math")
+    per_layer = 64 * (2 * (4096 + 4096) + 2 * (4096 + 1024) + 3 * (4096 + 12288))
+    assert rl["params"] == 36 * per_layer * 4 // 8 and c.model.lora.rank == 0
+    assert 0 <= rl["adam"] - 2 * rl["params"] < 64  # two moments, plus Adam's step counters
+    resident = lambda r: r["params"] + r["adam"] + r["reference"]  # noqa: E731
+    assert resident(rl) < 0.45 * resident(rf)  # full: fp32 params + 2 moments + bf16 copy
+    assert lora["programs"]["update"] < full["programs"]["update"]
 
 
 def test_update_memory_linear_in_response_length(plans):

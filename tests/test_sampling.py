@@ -127,6 +127,24 @@ def test_num_samples_share_the_prompt_and_are_prompt_major(model, prompts):
     assert len({tuple(r) for r in rows}) == 12  # the samples differ
 
 
+def test_entropy_is_the_policy_entropy_at_temperature_one_along_the_response(model, prompts):
+    # Sampled at temperature 0.7 with top-k: each row's sum is still Σ_t H(softmax(logits_t)) of
+    # the untempered, unfiltered policy over its own tokens, as one forward pass recomputes it.
+    tokens, _, lens = prompts
+    out = sampling.generate(model, tokens, lens, max_new_tokens=N, temperature=0.7, top_k=20,
+                            rng=jax.random.key(5), num_samples=2)
+    p = tokens.shape[1]
+    prompt_mask = np.arange(p)[None] >= p - lens[:, None]
+    full = np.concatenate([np.repeat(tokens, 2, 0), np.asarray(out.tokens)], 1)
+    live = np.arange(N)[None] < np.asarray(out.lengths)[:, None]
+    mask = np.concatenate([np.repeat(prompt_mask, 2, 0), live], 1)
+    ent = models.token_logprobs(model.config, model.options, model.params, jnp.asarray(full),
+                                jnp.asarray(mask), return_entropy=True).entropy
+    want = np.where(live, np.asarray(ent)[:, p:], 0.0).sum(1)
+    assert want.min() > 0.1  # a random model is far from deterministic
+    np.testing.assert_allclose(out.entropy, want, rtol=1e-4)
+
+
 def test_greedy_samples_of_one_prompt_are_identical(model, prompts, greedy):
     tokens, _, lens = prompts
     out = sampling.generate(model, tokens, lens, max_new_tokens=N, temperature=0.0,
@@ -140,7 +158,7 @@ def test_rows_stop_at_their_first_eos(model, prompts, greedy):
     eos = int(ref[0, 5])  # a token row 0 emits at step 5
     out = sampling.generate(model, tokens, lens, max_new_tokens=N, temperature=0.0,
                             rng=jax.random.key(0), eos_ids=(eos, 127), pad_id=0)
-    got, lengths, lp = (np.asarray(a) for a in out)
+    got, lengths, lp = (np.asarray(a) for a in out[:3])
     for b in range(len(LENGTHS)):
         hits = np.flatnonzero(np.isin(ref[b], (eos, 127)))
         n = hits[0] + 1 if hits.size else N

@@ -50,10 +50,10 @@ def _sample(m, prompts, *, compact, mesh=None, **kw):
 def test_compaction_samples_the_same_tokens_with_fewer_rows(prompts, traced, dtype, scan):
     m = models.init(CFG, jax.random.key(0), dtype=dtype, param_dtype=jnp.float32,
                     scan_layers=scan)
-    tokens, lengths, logp = _sample(m, prompts, compact=False)
+    tokens, lengths, logp, ent = _sample(m, prompts, compact=False)
     plain = {rows for rows, _ in traced}
     traced.clear()
-    c_tokens, c_lengths, c_logp = _sample(m, prompts, compact=True)
+    c_tokens, c_lengths, c_logp, c_ent = _sample(m, prompts, compact=True)
     assert plain == {16} and min(r for r, _ in traced) < 16  # rows were dropped
     assert len(set(lengths.tolist())) > 4  # rows end at different steps
     np.testing.assert_array_equal(c_tokens, tokens)
@@ -62,6 +62,8 @@ def test_compaction_samples_the_same_tokens_with_fewer_rows(prompts, traced, dty
     # reductions differently per row count, so float32 log-probs agree to rounding only.
     np.testing.assert_allclose(c_logp, logp, rtol=0, atol=1e-5)
     assert (c_logp[np.arange(N)[None] >= lengths[:, None]] == 0).all()
+    np.testing.assert_allclose(c_ent, ent, rtol=1e-4)  # Σ entropy per row, the same rows
+    assert (ent > 0).all()
     run, _ = kv_cache.row_steps(lengths, N, compact=True)
     assert run < kv_cache.row_steps(lengths, N, compact=False)[0]
 
@@ -75,6 +77,7 @@ def test_compaction_on_a_mesh_equals_one_device_without_it(prompts, traced):
     np.testing.assert_array_equal(got[0], ref[0])
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_allclose(got[2], ref[2], rtol=1e-5, atol=1e-5)  # sums split over devices
+    np.testing.assert_allclose(got[3], ref[3], rtol=1e-5)  # Σ entropy per row
 
 
 def test_decode_reads_a_bf16_copy_and_bf16_weights_give_the_same_logits(prompts, traced):

@@ -188,6 +188,9 @@ class ModelOptions:
       (cudnn on GPU for 16-bit dtypes, splash on TPU, dense or chunked on CPU by length),
       "cudnn", "splash", "chunked" (blockwise XLA, memory linear in length) or "dense".
     attention_block_q, attention_block_kv: the tiles of "chunked" (query rows, keys).
+    lora_rank, lora_alpha: LoRA (`models.lora`): the trained params are adapters of this rank
+      over a frozen base, scaled by alpha / rank; 0 = off (the whole model is trained). The
+      model adds whatever adapters its params hold; this says how the trainer splits them.
     """
 
     dtype: Any = jnp.float32
@@ -198,6 +201,8 @@ class ModelOptions:
     attention: str = "auto"
     attention_block_q: int = 512
     attention_block_kv: int = 512
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):
@@ -214,3 +219,6 @@ class ModelOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ConfigError(f"ModelOptions.{name} must be a positive int, got {value!r}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, (int, np.integer)) \
+                or self.lora_rank < 0:
+            raise ConfigError(f"ModelOptions.lora_rank must be an int >= 0, got {self.lora_rank!r}")

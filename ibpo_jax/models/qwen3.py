@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax import sharding
-from ibpo_jax.models import attention, kv_cache
+from ibpo_jax.models import attention, kv_cache, lora
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 
 Array = jax.Array
@@ -112,6 +112,18 @@ def dense(x: Array, w: Array, dtype: Any) -> Array:
     return x @ w.reshape(x.shape[-1], -1).astype(dtype)
 
 
+def project(module: nn.Module, x: Array, w: Array, name: str) -> Array:
+    """`dense(x, w)` in the module's compute dtype, plus the LoRA adapter of weight `name`
+    when the params hold one (`lora.delta`; the base alone, e.g. π_ref, has none)."""
+    dt = module.options.dtype
+    out = dense(x, w, dt)
+    if module.has_variable("params", name + lora.A):
+        out = out + lora.delta(x, module.get_variable("params", name + lora.A),
+                               module.get_variable("params", name + lora.B),
+                               module.options.lora_alpha, dt)
+    return out
+
+
 def rms_norm(x: Array, scale: Array, eps: float, dtype: Any) -> Array:
     """HF Qwen3RMSNorm: normalize in float32, scale, return in `dtype`."""
     xf = x.astype(jnp.float32)
@@ -145,11 +157,12 @@ class Attention(nn.Module):
         q and k normalized and rotated."""
         c, dt = self.config, self.options.dtype
         b, t, d = x.shape
+        proj = lambda w, name: project(self, x2, w, name)
         kk, g, h = c.num_key_value_heads, c.num_groups, c.head_dim
         x2 = x.reshape(b * t, d)
-        q = dense(x2, self.q_proj, dt).reshape(b, t, kk, g, h).transpose(0, 2, 3, 1, 4)
-        k = dense(x2, self.k_proj, dt).reshape(b, t, kk, h).transpose(0, 2, 1, 3)
-        v = dense(x2, self.v_proj, dt).reshape(b, t, kk, h).transpose(0, 2, 1, 3)
+        q = proj(self.q_proj, "q_proj").reshape(b, t, kk, g, h).transpose(0, 2, 3, 1, 4)
+        k = proj(self.k_proj, "k_proj").reshape(b, t, kk, h).transpose(0, 2, 1, 3)
+        v = proj(self.v_proj, "v_proj").reshape(b, t, kk, h).transpose(0, 2, 1, 3)
         eps = c.rms_norm_eps
         q = _apply_rope(rms_norm(q, self.q_norm, eps, jnp.float32), cos, sin).astype(dt)
         k = _apply_rope(rms_norm(k, self.k_norm, eps, jnp.float32), cos, sin).astype(dt)
@@ -190,7 +203,7 @@ class Attention(nn.Module):
     def out(self, o: Array) -> Array:
         """o [B, T, K, G, H] -> [B, T, D] (heads minor, so the weight is used as stored)."""
         b, t = o.shape[:2]
-        return dense(o.reshape(b * t, -1), self.o_proj, self.options.dtype).reshape(b, t, -1)
+        return project(self, o.reshape(b * t, -1), self.o_proj, "o_proj").reshape(b, t, -1)
 
 
 class Mlp(nn.Module):
@@ -202,7 +215,7 @@ class Mlp(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
-        c, dt, pd = self.config, self.options.dtype, self.options.param_dtype
+        c, pd = self.config, self.options.param_dtype
         init = nn.initializers.normal(c.initializer_range)
         d, f = c.hidden_size, c.intermediate_size
         gate = self.param("gate_proj", init, (d, f), pd)
@@ -210,9 +223,9 @@ class Mlp(nn.Module):
         down = self.param("down_proj", init, (f, d), pd)
         b, t, _ = x.shape
         x2 = x.reshape(b * t, d)
-        hidden = swiglu(dense(x2, gate, dt), dense(x2, up, dt))  # [M, F]
+        hidden = swiglu(project(self, x2, gate, "gate_proj"), project(self, x2, up, "up_proj"))
         hidden = sharding.constrain(hidden.reshape(b, t, f), self.layout.act_btf)
-        return dense(hidden.reshape(b * t, f), down, dt).reshape(b, t, d)
+        return project(self, hidden.reshape(b * t, f), down, "down_proj").reshape(b, t, d)
 
 
 class Block(nn.Module):

@@ -166,6 +166,8 @@ def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
               flops_lib: Any) -> Any:
     import numpy as np
 
+    from ibpo_jax.models import lora
+
     r, sh = cfg.rollout, mesh.shape
     pbytes = np.dtype(options.param_dtype).itemsize
     return flops_lib.analytic(
@@ -176,7 +178,9 @@ def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
         ref_bytes=min(pbytes, np.dtype(options.dtype).itemsize),
         sample_bytes=np.dtype(options.dtype).itemsize,
         microbatches=microbatches, remat=options.remat, logits_chunk=cfg.model.logits_chunk,
-        sample_rows=(r.sample_chunk or r.prompts_per_step) * r.group_size)
+        sample_rows=(r.sample_chunk or r.prompts_per_step) * r.group_size,
+        trained=lora.num_params(config, cfg.model.lora.rank, lora.parse_targets(
+            cfg.model.lora.targets)) if cfg.model.lora.rank else None)
 
 
 def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
@@ -272,7 +276,10 @@ def notes(s: Any) -> list[str]:
     import jax
 
     ref = {a.dtype.name for a in jax.tree.leaves(s.reference)}
-    out = [f"reference model: {'/'.join(sorted(ref))} leaves, as the trainer holds it "
+    lora = s.options.lora_rank
+    out = [f"LoRA rank {lora}: the state is the adapters and their Adam moments; the reference "
+           f"is the frozen base itself ({'/'.join(sorted(ref))}), no copy" if lora else
+           f"reference model: {'/'.join(sorted(ref))} leaves, as the trainer holds it "
            "(trainer.state.frozen_reference: matrices in the compute dtype)",
            "sampling copy: the sampler's compute-dtype weights (sampling.compute_weights), "
            "made per rollout; an argument of prefill and decode, counted there"]

@@ -114,10 +114,12 @@ class Analytic:
 def analytic(c: Any, *, n_params: int, rows: int, prompt: int, response: int, group: int,
              devices: int, param_shards: int, sample_shards: int, param_bytes: int,
              ref_bytes: int, sample_bytes: int, microbatches: int, remat: str,
-             logits_chunk: int, sample_rows: int) -> Analytic:
+             logits_chunk: int, sample_rows: int, trained: int | None = None) -> Analytic:
     """DESIGN §9 for `rows` = B·G rollout rows of `prompt` + `response` tokens on `devices`
     devices (params over `param_shards` = fsdp × tensor, the sampler's over `sample_shards`),
-    sampled `sample_rows` rows per sampler call (the KV cache is one call's)."""
+    sampled `sample_rows` rows per sampler call (the KV cache is one call's). `trained`: LoRA's
+    adapter parameter count (fp32, with Adam moments and gradients); the base is then frozen
+    and is itself the reference (no copy)."""
     n, t = n_params, prompt + response
     kv_row = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2  # bytes/token
     kv = kv_row * (sample_rows * response + sample_rows // group * prompt) / devices
@@ -134,7 +136,9 @@ def analytic(c: Any, *, n_params: int, rows: int, prompt: int, response: int, gr
     flops = (2 * n * (tokens + rows // group * prompt)  # generation (prefill + decode)
              + 2 * n * tokens  # reference scoring
              + update_per_token * n * tokens)
-    return Analytic(master=n * param_bytes / param_shards, adam=8 * n / param_shards,
-                    grads=2 * 4 * n / param_shards, reference=n * ref_bytes / param_shards,
+    m, ref = (n, n * ref_bytes) if trained is None else (trained, 0)
+    master = n * param_bytes + (0 if trained is None else 4 * trained)
+    return Analytic(master=master / param_shards, adam=8 * m / param_shards,
+                    grads=2 * 4 * m / param_shards, reference=ref / param_shards,
                     sampling_copy=n * sample_bytes / sample_shards, kv_cache=kv,
                     activations=act, flops=flops)

@@ -27,7 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import models, sampling, sharding
 from ibpo_jax.config import RunConfig
-from ibpo_jax.models import kv_cache
+from ibpo_jax.models import kv_cache, lora
 from ibpo_jax.plan import flops as flops_lib
 from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import TrainState, make_optimizer
@@ -172,8 +172,8 @@ class Setup:
     config: models.Qwen3Config
     options: models.ModelOptions
     attention: str
-    params: Any  # policy, TRAINING layout, param dtype
-    reference: Any  # the frozen base, as policy.load_base holds it
+    params: Any  # policy, TRAINING layout, param dtype (LoRA: the base with its adapters)
+    reference: Any  # the frozen base, as the trainer holds it (LoRA: the base itself)
     state: TrainState
     optimizer: Any
     microbatches: int
@@ -182,7 +182,7 @@ class Setup:
     @property
     def resident(self) -> dict[str, int]:
         """Per-device bytes of what stays on the devices through the step."""
-        return {"params": device_bytes(self.params),
+        return {"params": device_bytes(self.state.params),  # LoRA: the adapters
                 "adam": device_bytes(self.state.opt_state),
                 "reference": device_bytes(self.reference)}
 
@@ -203,12 +203,19 @@ def setup(cfg: RunConfig, mesh: Mesh, microbatches: int, target: str = "cpu") ->
     config, options, note = model_of(cfg, target)
     params = models.abstract_params(config, options)
     params = _placed(params, sharding.param_shardings(params, mesh))
-    reference = _reference(params, options, mesh)
+    if cfg.model.lora.rank:  # LoRA: the state trains adapters; π_ref is the base, no copy
+        trained = jax.eval_shape(lambda: lora.init(
+            params, rank=cfg.model.lora.rank, targets=lora.parse_targets(cfg.model.lora.targets),
+            key=jax.random.key(0)))
+        trained = _placed(trained, sharding.param_shardings(trained, mesh))
+        reference, params = params, lora.merge(params, trained)
+    else:
+        trained, reference = params, _reference(params, options, mesh)
     optim = dataclasses.replace(cfg.optim, microbatches=microbatches)
     optimizer = make_optimizer(optim, total_updates=cfg.train.steps * optim.epochs
                                * optim.minibatches)
-    opt_state = _like_params(jax.eval_shape(optimizer.init, params), params, mesh)
-    state = TrainState(params, opt_state, SDS((), jnp.int32, sharding=NamedSharding(mesh, P())))
+    opt_state = _like_params(jax.eval_shape(optimizer.init, trained), trained, mesh)
+    state = TrainState(trained, opt_state, SDS((), jnp.int32, sharding=NamedSharding(mesh, P())))
     return Setup(cfg, mesh, config, options, note, params, reference, state, optimizer,
                  microbatches)
 

@@ -37,6 +37,9 @@ class Rollout(NamedTuple):
     # Per-row weight of an extra KL(π ‖ π_ref) term on the row's tokens (None: none), e.g.
     # SCoRe's stage-I anchor on the first attempts (DESIGN §7).
     kl_anchor: jax.Array | None = None  # [N] float32
+    # β·KL(π_sampler ‖ π_ref) of each row, taken off R before the advantages (config
+    # loss.kl_in = "reward", `step.reward_kl`; None: none). φ and the metrics read R itself.
+    kl_penalty: jax.Array | None = None  # [N] float32
 
 
 class Credit(NamedTuple):
@@ -61,13 +64,18 @@ def phi_scored(correct: jax.Array) -> jax.Array:
     return ~correct & jnp.any(correct, -1, keepdims=True)
 
 
+def trained_reward(rollout: Rollout) -> jax.Array:
+    """[N] the reward the advantages see: R, less `kl_penalty` when there is one."""
+    return rollout.reward if rollout.kl_penalty is None else rollout.reward - rollout.kl_penalty
+
+
 def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
                      delta: jax.Array | None = None) -> jax.Array:
     """The group estimator's advantages [N] (or [N, R] with per-token credit `delta` [N, R]);
     zeros for PPO, whose GAE needs the value head (`step.update`)."""
     if spec.is_ppo:
         return jnp.zeros_like(rollout.reward)
-    g, rewards = spec.group_size, groups(rollout.reward, spec.group_size)
+    g, rewards = spec.group_size, groups(trained_reward(rollout), spec.group_size)
     kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
               eps=spec.advantage.eps, ddof=spec.advantage.ddof,
               valid=None if rollout.valid is None else groups(rollout.valid, g))
@@ -98,8 +106,10 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
         delta = comparison.token_delta(phi_out.delta.reshape(-1, u.units.shape[1]),
                                        phi.reshape(-1), u.token_unit, rollout.response_len)
     adv = group_advantages(spec, rollout, phi, delta)
-    shaped = groups(rollout.reward, g) + ibpo.lam * phi
+    shaped = groups(trained_reward(rollout), g) + ibpo.lam * phi
     metrics = credit_metrics(rollout, phi, spec)
+    if rollout.kl_penalty is not None:
+        metrics["kl_reward"] = jnp.mean(rollout.kl_penalty)
     metrics["units_truncated_frac"] = jnp.mean(u.truncated.astype(jnp.float32))
     if not spec.is_ppo:
         seq_adv = adv if delta is None else group_advantages(spec, rollout, phi)

@@ -29,7 +29,8 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
              second: Callable[[list[dict], list[str], Any], np.ndarray] | None = None,
              progress: bool = False, desc: str = "eval", leave: bool = False,
              shown: tuple[int, list[dict]] | None = None) -> dict[str, float]:
-    """Scores `samples` responses per record; returns eval_accuracy (avg@k) and eval_pass_at_k.
+    """Scores `samples` responses per record; returns eval_accuracy (avg@k), eval_pass_at_k,
+    eval_response_len and eval_entropy (mean per-token entropy at temperature 1, the sampler's).
 
     generate: a `sampling.generate_fn(..., num_samples=samples)` function; chunk: prompts per
     call. second: for methods whose answer is a second attempt (SCoRe), (records, first-attempt
@@ -40,8 +41,7 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
     """
     correct = np.zeros((len(records), samples), bool)
     first = np.zeros((len(records), samples), bool)
-    lengths = []
-    key = jax.random.key(EVAL_KEY)
+    lengths, entropy, key = [], [], jax.random.key(EVAL_KEY)  # entropy: Σ per row
 
     def run_chunk(start: int) -> int:
         """Samples and scores records[start: start + chunk]; returns how many are real."""
@@ -58,6 +58,8 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
         correct[start: start + n_real] = first[start: start + n_real] if second is None else (
             second(rows, texts, jax.random.fold_in(key, start + (1 << 20))).reshape(-1, samples))
         lengths.append(lens[:keep])
+        ent = getattr(out, "entropy", None)  # (hand-built outputs may have none)
+        entropy.append(ent if ent is None else host_array(ent)[:keep])
         if shown is not None and start < shown[0]:
             picked = list(range(0, min(n_real, shown[0] - start) * samples, samples))
             shown[1].extend(sample_rows(task, pool, [rows[i] for i in picked],
@@ -72,12 +74,21 @@ def evaluate(generate: Any, params: Any, *, records: Sequence[dict], task: Any, 
             done = start + run_chunk(start)
             bar.set_postfix(acc=f"{correct[:done].mean():.3f}", refresh=False)
             bar.update(done - bar.n)
+    return _summary(correct, first if second is not None else None, lengths, entropy)
+
+
+def _summary(correct: np.ndarray, first: np.ndarray | None, lengths: list[np.ndarray],
+             entropy: list[np.ndarray | None]) -> dict[str, float]:
+    """`evaluate`'s metrics from its per-sample correctness [n, k] (first attempts': `first`),
+    the responses' lengths and summed entropies (chunk by chunk)."""
     out = {
         "eval_accuracy": float(correct.mean()),
-        f"eval_pass_at_{samples}": float(correct.any(axis=1).mean()),
+        f"eval_pass_at_{correct.shape[1]}": float(correct.any(axis=1).mean()),
         "eval_response_len": float(np.concatenate(lengths).mean()),
     }
-    if second is not None:
+    if all(e is not None for e in entropy):  # token mean over every evaluated response
+        out["eval_entropy"] = float(np.concatenate(entropy).sum() / np.concatenate(lengths).sum())
+    if first is not None:
         out["eval_accuracy_attempt1"] = float(first.mean())
     return out
 

@@ -24,19 +24,21 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import models, sampling, sharding
+from ibpo_jax import models, sharding
 from ibpo_jax import rewards as rewards_lib
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.methods import base as methods_lib
-from ibpo_jax.models import hf_io
+from ibpo_jax.models import hf_io, lora
 from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
+from ibpo_jax.trainer import dynamic as dynamic_lib
+from ibpo_jax.trainer import offpolicy as offpolicy_lib
 from ibpo_jax.trainer import step_records as records_lib
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics, summary_table
-from ibpo_jax.trainer.state import frozen_reference, init_state, make_optimizer
+from ibpo_jax.trainer.state import initial_state, make_optimizer, policy_params
 from ibpo_jax.trainer.tasks import (
     build_task,  # noqa: F401 - loop.build_task and loop.default_split: evaluate, benchmarks
     build_tokenizer,
@@ -54,18 +56,9 @@ def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
                   flush=True)
     reward = rewards_lib.get_reward(name, values=(cfg.reward.wrong, cfg.reward.correct),
                                     **options)
-    return rewards_lib.RewardPool(reward, num_workers=cfg.reward.num_workers,
+    pool = rewards_lib.RewardPool(reward, num_workers=cfg.reward.num_workers,
                                   timeout_s=cfg.reward.timeout_s)
-
-
-def step_functions(spec: step.StepSpec, optimizer: Any, state_shardings: Any
-                   ) -> tuple[Any, Any]:
-    """The step's two jitted programs as the Trainer runs them, (credit, update): the update
-    donates the state and keeps its layouts (`ibpo_jax.plan` compiles these very functions)."""
-    credit_fn = jax.jit(functools.partial(step.credit, spec))
-    update_fn = jax.jit(functools.partial(step.update, spec, optimizer), donate_argnums=0,
-                        out_shardings=(state_shardings, None))
-    return credit_fn, update_fn
+    return offpolicy_lib.Serialized(pool) if cfg.rollout.off_policy_steps else pool  # 2 threads
 
 
 class Collected(NamedTuple):
@@ -81,6 +74,7 @@ class Collected(NamedTuple):
     rollout: step.Rollout
     plan: packing.Plan
     times: dict[str, float]  # time_rollout_s, time_reward_s
+    stats: dict[str, float] = {}  # dynamic sampling's and overlong shaping's metrics
 
 
 class Trainer:
@@ -90,12 +84,13 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, workdir: str | Path, *, log=None):
         self.cfg = cfg
+        dynamic_lib.check(cfg)
         self.workdir = Path(workdir).absolute()
         self.is_main = jax.process_index() == 0
         self.say = log or (functools.partial(print, flush=True) if self.is_main
                            else (lambda *_: None))
-        self.mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp,
-                                       tensor=cfg.mesh.tensor)
+        self.mesh, self.rollout_mesh = offpolicy_lib.meshes(cfg.mesh)  # one object unless split
+        self.rollouts = offpolicy_lib.Rollouts(self)  # where and when the sampler runs
         self.tokenizer = build_tokenizer(cfg)
         self.task, self.eval_task, eval_split = train_and_eval_tasks(cfg, self.tokenizer)
         self._build_policy()
@@ -133,17 +128,16 @@ class Trainer:
             self.spec = self.spec.with_optim(microbatches=mb)
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)
-        # The policy takes the base's buffers (updates donate them); the reference gets its
-        # own, its matrices in the compute dtype (the same log-probs; bf16: half the bytes).
-        ref = frozen_reference(self.base.params, self.base.options.dtype)
-        state = init_state(self.base.params, self.optimizer)
+        # Full: the policy takes the base's buffers (updates donate them), π_ref a copy with
+        # matrices in the compute dtype. LoRA: the state is the adapters, π_ref the base.
+        ref, self.state, self.state_shardings = initial_state(
+            cfg, self.base.params, self.base.options.dtype, self.optimizer, self.mesh)
         self.base = dataclasses.replace(self.base, params=ref)
-        # Every leaf on the mesh (optimizer counters replicated), and the update keeps these
-        # layouts: a state that came back with other specs would recompile the next step.
-        self.state_shardings = jax.tree.map(
-            lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
-            else NamedSharding(self.mesh, P()), state)
-        self.state = jax.device_put(state, self.state_shardings)
+
+    @property
+    def policy(self) -> Any:
+        """The policy's full params (LoRA: the frozen base with the trained adapters)."""
+        return policy_params(self.base.options, self.base.params, self.state.params)
 
     def _build_update(self) -> None:
         """How update rows are packed, and the step's two jitted programs."""
@@ -160,15 +154,18 @@ class Trainer:
             self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
         elif self.spec.layout != cfg.optim.layout:  # RunConfig.update_layout decided
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
-        self.credit_fn, self.update_fn = step_functions(self.spec, self.optimizer,
-                                                        self.state_shardings)
+        self.credit_fn, self.update_fn = step.step_functions(self.spec, self.optimizer,
+                                                             self.state_shardings)
+        # loss.kl_in "reward": π_ref's pass before `credit` (none at β = 0 or for "loss")
+        self.reward_kl_fn = (jax.jit(functools.partial(step.reward_kl, self.spec))
+                             if self.spec.kl_in_reward else None)
 
     def _samplers(self) -> tuple[Any, Any]:
         """The rollout's sampler (G samples per prompt) and evaluation's (eval.samples)."""
         make = functools.partial(batching.sampler, self.cfg, self.base.config,
-                                 self.base.options, self.tokenizer, self.mesh)
-        return (make(num_samples=self.cfg.rollout.group_size),
-                make(num_samples=self.cfg.eval.samples, evaluation=True))
+                                 self.base.options, self.tokenizer)
+        return (make(self.rollout_mesh, num_samples=self.cfg.rollout.group_size),
+                make(self.mesh, num_samples=self.cfg.eval.samples, evaluation=True))
 
     def context(self) -> methods_lib.Context:
         """What the run's methods see of it: never the trainer itself."""
@@ -188,6 +185,7 @@ class Trainer:
             return None
         last, self.state, meta = found
         self.sampler.restore(meta["data_position"])
+        self.rollouts.restored(meta)  # a batch sampled for the next step: replayed
         # Checkpoints from before the weighted budget counted B x G per step.
         self.budget = float(meta.get("budget_trajectories",
                                      last * self.cfg.rows_per_step))
@@ -195,48 +193,49 @@ class Trainer:
         return last
 
     def save(self, ckpt: Checkpointer, s: int) -> None:
-        ckpt.save(s, self.state, {"step": s, "data_position": self.sampler.position,
-                                  "budget_trajectories": self.budget,
-                                  "config": self.cfg.to_dict()})
+        ckpt.save(s, self.state, self.rollouts.saved({
+            "step": s, "data_position": self.sampler.position,
+            "budget_trajectories": self.budget, "config": self.cfg.to_dict()}))
 
     def evaluate(self, log: RunLog | None = None, step: int = 0) -> dict[str, float]:
         """Held-out metrics; with `log`, config.logging.samples samples to it at `step`."""
         shown = None if log is None else []
         with jax.set_mesh(self.mesh):
-            out = evaluation.run(self.cfg, self.eval_generate, self.state.params,
+            out = evaluation.run(self.cfg, self.eval_generate, self.policy,
                                  records=self.eval_records, task=self.eval_task,
                                  tokenizer=self.tokenizer, pool=self.eval_pool,
-                                 second=self.methods.answer(self.state.params), shown=shown)
+                                 second=self.methods.answer(self.policy), shown=shown)
         if shown:
             log.samples(step, self.eval_task.name, shown)
         return out
 
     def rl_step(self, s: int) -> tuple[dict[str, float], dict[str, dict]]:
-        """RL step `s` (1-based): `collect` (sample -> score) then `learn` on what it got.
+        """RL step `s` (1-based): `collect` (sample -> score; off-policy, the batch sampled
+        during the previous update: trainer/offpolicy.py) then `learn` on what it got.
         Updates the state; returns the step's metrics and its rows of the record files
         (`logs.RECORDS`, by file name)."""
-        with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
-            gen_key, update_key = jax.random.split(jax.random.fold_in(self.seed_key, s))
-        return self.learn(s, self.collect(gen_key), gen_key, update_key)
+        gen_key, update_key = self.keys(s)
+        return self.rollouts.step(s, gen_key, lambda got: self.learn(s, got, gen_key,
+                                                                    update_key))
 
-    def collect(self, gen_key: jax.Array) -> Collected:
-        """The step's batch: the next prompts, G samples of each (`gen_key`), scored, as the
-        update's `Rollout` on the mesh with its packing plan. Counted in the budget."""
-        g = self.cfg.rollout.group_size
-        t0 = time.perf_counter()
-        records, prompts, out = self.sample(gen_key)
-        # Each process scores the rows its devices hold; every row's length is needed by all
-        # (the packing plan, identical on every process).
-        rows, tokens = sharding.local_rows(out.tokens)
-        lengths = sharding.host_array(out.lengths)
-        t1 = time.perf_counter()
-        reward, correct, ended, infos = self.score([records[i // g] for i in rows], tokens,
-                                                   lengths[rows])
-        t2 = time.perf_counter()
-        rollout, plan = self.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
-        self.budget += len(lengths)
-        return Collected(records, prompts, rows, infos, lengths, rollout, plan,
-                         {"time_rollout_s": t1 - t0, "time_reward_s": t2 - t1})
+    def keys(self, s: int) -> jax.Array:
+        """Step `s`'s (sampling, update) keys: functions of (seed, s) alone."""
+        with jax.set_mesh(self.mesh):  # keys placed like evaluation's: one sampler compile
+            return jax.random.split(jax.random.fold_in(self.seed_key, s))
+
+    def collect(self, gen_key: jax.Array, params: Any = None) -> Collected:
+        """The step's batch: the next prompts, G samples of each (`gen_key`, `params`: the
+        policy's by default), scored (dynamic sampling's rounds, overlong shaping:
+        trainer/dynamic.py), as the update's `Rollout` on the mesh with its packing plan.
+        Every sampled trajectory is counted in the budget."""
+        params = self.policy if params is None else params
+        got, stats = dynamic_lib.collect_rounds(self, gen_key, params)
+        reward = dynamic_lib.shaped_reward(self.cfg, got, stats)
+        rollout, plan = self.as_rollout(got.prompts, got.out, got.rows, reward, got.correct,
+                                        got.ended, got.lengths, valid=got.valid)
+        self.budget += got.sampled
+        return Collected(got.records, got.prompts, got.rows, got.infos, got.lengths, rollout,
+                         plan, got.times, stats)
 
     def learn(self, s: int, got: Collected, gen_key: jax.Array, update_key: jax.Array
               ) -> tuple[dict[str, float], dict[str, dict]]:
@@ -245,12 +244,13 @@ class Trainer:
         g = self.cfg.rollout.group_size
         t2 = time.perf_counter()
         batch, stages = self.methods.shape(methods_lib.Scored(
-            s, got.records, got.rollout, got.rows, got.infos, self.state.params))
+            s, got.records, got.rollout, got.rows, got.infos, self.policy))
         extra = self.extra_round(batch, jax.random.fold_in(gen_key, 1), stages)
 
         cred, credit_metrics = self.credit(batch.rollout)
         diag, logged = self.diagnostics(s, batch, cred, got.prompts)
         rollout, update_cred, plan = self.joined(batch.rollout, cred, got.plan, extra)
+        rollout = dynamic_lib.update_rows(self.cfg, rollout)  # reward.overlong "filter"
         with jax.set_mesh(self.mesh):
             t3 = time.perf_counter()
             self.state, update_metrics = self.update_fn(self.state, self.base.params, rollout,
@@ -263,7 +263,7 @@ class Trainer:
         metrics.update(diag)
         metrics.update(records_lib.first_error_agreement(
             cred, sharding.host_array(batch.rollout.correct), got.rows, got.infos, g))
-        metrics.update(stages)
+        metrics.update(stages, **got.stats)
         sampled = sum(got.times.values())
         metrics.update(
             budget_trajectories=self.budget,  # DESIGN §6: every sampled trajectory, weighted
@@ -289,8 +289,11 @@ class Trainer:
         return extra
 
     def credit(self, rollout: step.Rollout) -> tuple[step.Credit, dict[str, Any]]:
-        """φ and the advantages of `rollout`'s rows (`step.credit`), and their statistics."""
+        """φ and the advantages of `rollout`'s rows (`step.credit`), and their statistics;
+        with loss.kl_in "reward", β·KL to π_ref comes off their rewards first."""
         with jax.set_mesh(self.mesh):
+            if self.reward_kl_fn is not None:
+                rollout = rollout._replace(kl_penalty=self.reward_kl_fn(self.base.params, rollout))
             cred, metrics = self.credit_fn(rollout, self.is_delim)
             jax.block_until_ready(cred)
         return cred, metrics
@@ -325,10 +328,10 @@ class Trainer:
                                                               batch.rows, batch.infos)}
 
     def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
-                   correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray
-                   ) -> tuple[step.Rollout, packing.Plan]:
+                   correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray,
+                   valid: np.ndarray | None = None) -> tuple[step.Rollout, packing.Plan]:
         """The sampled batch as the update's `Rollout` on the mesh (the host's scores placed at
-        its rows `rows`), and its packing plan."""
+        its rows `rows`; `valid` [N], every row's), and its packing plan."""
         g, n = self.cfg.rollout.group_size, len(lengths)
         place = lambda x: sharding.global_array(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
         mine = lambda x: sharding.rows_array(x, rows, n,
@@ -340,31 +343,20 @@ class Trainer:
             prompt=place(np.repeat(prompts.tokens, g, axis=0)),
             prompt_len=place(prompt_len),
             response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
-            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended))
+            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended),
+            valid=None if valid is None else place(valid))
         return rollout, plan
 
-    def sample(self, key: jax.Array) -> tuple[list[dict], Any, Any]:
-        """The next prompts of the training split, encoded, and G samples of each."""
-        cfg = self.cfg
+    def sample(self, key: jax.Array, params: Any = None) -> tuple[list[dict], Any, Any]:
+        """The next prompts of the training split, encoded, and G samples of each (`params`:
+        the policy's by default)."""
+        cfg, params = self.cfg, self.policy if params is None else params
         records = [self.train_records[int(i)]
                    for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
         prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
                                  cfg.rollout.max_prompt_len)
-        n = len(records)
-        chunk = cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
-        with jax.set_mesh(self.mesh):
-            # One compute-dtype copy of the weights for every chunk of this rollout.
-            cast = self.generate.shared(self.state.params) if chunk < n else None
-            outs = [self.generate(self.state.params, prompts.tokens[i:i + chunk],
-                                  prompts.lengths[i:i + chunk],
-                                  key if chunk == n else jax.random.fold_in(key, i), cast=cast)
-                    for i in range(0, n, chunk)]
-            out = outs[0]
-            if len(outs) > 1:
-                out = sampling.SampleOutput(*(jax.device_put(
-                    jnp.concatenate(parts), sharding.batch_sharding(self.mesh, parts[0].ndim))
-                    for parts in zip(*outs)))
-        return records, prompts, out
+        # On the rollout mesh, in rollout.sample_chunk calls, back on the training mesh.
+        return records, prompts, self.rollouts.generate(self.generate, params, prompts, key)
 
     def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
@@ -388,8 +380,8 @@ class Trainer:
         t0 = time.perf_counter()
         plan = self.packing_plan(prompt_len, prompt_len, prompt_width, 0, identity=True)
         with jax.set_mesh(self.mesh):
-            out = self.pg_var_fn(self.state, self.base.params, rollout, cred, plan,
-                                 self.is_delim)
+            out = self.pg_var_fn(self.state._replace(params=self.policy), self.base.params,
+                                 rollout, cred, plan, self.is_delim)
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         return {**out, "time_pg_var_s": time.perf_counter() - t0}
 
@@ -417,12 +409,17 @@ class Trainer:
 
     def export_hf(self, path: Path) -> None:
         """The policy as an HF checkpoint transformers uses as is, tokenizer and generation
-        config included (every process calls it: gathers are collective)."""
-        models.save_hf(models.Qwen3LM(self.base.config, self.base.options, self.state.params),
-                       path, config_extra=hf_io.special_ids(self.tokenizer))
+        config included (every process calls it: gathers are collective). LoRA: the adapters
+        merged into the weights, and also as a PEFT adapter under `path`/peft_adapter."""
+        alpha = self.base.options.lora_alpha
+        models.save_hf(models.Qwen3LM(self.base.config, self.base.options, lora.fold(
+            self.policy, alpha)), path, config_extra=hf_io.special_ids(self.tokenizer))
         hf_io.save_tokenizer(self.tokenizer, path)
+        if self.base.options.lora_rank:
+            lora.save_peft(self.state.params, path / "peft_adapter", alpha=alpha)
 
     def close(self) -> None:
+        self.rollouts.close()
         self.pool.close()
         if self.eval_pool is not self.pool:
             self.eval_pool.close()

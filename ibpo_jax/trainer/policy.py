@@ -34,6 +34,8 @@ def model_options(cfg: RunConfig) -> dict[str, Any]:
         scan_layers=cfg.model.scan_layers,
         value_head=cfg.loss.name == "ppo",
         attention=cfg.model.attention,
+        lora_rank=cfg.model.lora.rank,
+        lora_alpha=cfg.model.lora.alpha,
     )
 
 

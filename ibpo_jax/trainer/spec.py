@@ -63,6 +63,16 @@ class StepSpec:
         return "gae" if self.is_ppo else "grpo_token" if self.ibpo.credit == "token" else "grpo"
 
     @property
+    def kl_in_loss(self) -> bool:
+        """β·KL is a term of the loss: the update runs π_ref's forward pass."""
+        return self.loss.beta > 0 and self.loss.kl_in == "loss"
+
+    @property
+    def kl_in_reward(self) -> bool:
+        """β·KL comes off the reward: `step.reward_kl` runs π_ref's pass before `credit`."""
+        return self.loss.beta > 0 and self.loss.kl_in == "reward"
+
+    @property
     def single_update(self) -> bool:
         """One optimizer update per rollout: π_old is the policy being differentiated."""
         return self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo

@@ -7,8 +7,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from ibpo_jax.config import OptimConfig
+from ibpo_jax import sharding
+from ibpo_jax.config import OptimConfig, RunConfig
+from ibpo_jax.models import lora
 from ibpo_jax.sampling import compute_weights
 
 
@@ -64,3 +68,37 @@ def frozen_reference(params: Any, dtype: Any) -> Any:
 def init_state(params: Any, optimizer: optax.GradientTransformation) -> TrainState:
     return TrainState(params=params, opt_state=optimizer.init(params),
                       step=jnp.zeros((), jnp.int32))
+
+
+def policy_params(options: Any, ref_params: Any, params: Any) -> Any:
+    """The policy's full params from π_ref's and the trained ones: with LoRA
+    (`options.lora_rank` > 0) the frozen base (which is π_ref) with the trained adapters
+    overlaid (`lora.merge`, no copies); else the trained params are the whole policy."""
+    return lora.merge(ref_params, params) if options.lora_rank else params
+
+
+def lora_adapters(cfg: RunConfig, base: Any, mesh: Mesh) -> Any:
+    """The run's fresh LoRA adapters of `base`, created directly on their shards (key: the
+    run's seed, its own stream)."""
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), base)  # no consts
+    make = lambda: lora.init(shapes, rank=cfg.model.lora.rank,
+                             targets=lora.parse_targets(cfg.model.lora.targets),
+                             key=jax.random.fold_in(jax.random.key(cfg.seed), 0x10A))
+    return jax.jit(make, out_shardings=sharding.param_shardings(jax.eval_shape(make), mesh))()
+
+
+def initial_state(cfg: RunConfig, base: Any, dtype: Any, optimizer: optax.GradientTransformation,
+                  mesh: Mesh) -> tuple[Any, TrainState, Any]:
+    """(π_ref's params, the train state on `mesh`, the state's shardings) from the base
+    params. Full fine-tuning: the state trains the base's own buffers, π_ref is
+    `frozen_reference`. LoRA (`model.lora.rank` > 0): the state holds only the adapters and
+    their optimizer moments; π_ref is the base itself (frozen, its param dtype), no copy."""
+    if cfg.model.lora.rank:
+        ref, state = base, init_state(lora_adapters(cfg, base, mesh), optimizer)
+    else:
+        ref, state = frozen_reference(base, dtype), init_state(base, optimizer)
+    # Every leaf on the mesh (optimizer counters replicated), and the update keeps these
+    # layouts: a state that came back with other specs would recompile the next step.
+    shardings = jax.tree.map(lambda x: x.sharding if isinstance(x.sharding, NamedSharding)
+                             else NamedSharding(mesh, P()), state)
+    return ref, jax.device_put(state, shardings), shardings

@@ -33,7 +33,7 @@ from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.credit import Credit, Rollout, credit, response_mask  # noqa: F401  (credit, Credit, Rollout: the step's API)
 from ibpo_jax.trainer.credit import groups as _groups
 from ibpo_jax.trainer.spec import StepSpec  # noqa: F401  (step.StepSpec: the step's API)
-from ibpo_jax.trainer.state import TrainState
+from ibpo_jax.trainer.state import TrainState, policy_params
 
 # ------------------------------------------------------------------------------ update
 
@@ -142,6 +142,8 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
         "entropy": losses.Stat(jnp.sum(jnp.where(b.mask, entropy, 0.0)), n_tok),
         "logprob_mismatch": losses.Stat(
             jnp.sum(jnp.where(b.mask, jnp.abs(b.sample_logp - old_logp), 0.0)), n_tok),
+        "mismatch_kl": losses.mismatch_kl(old_logp=old_logp, sample_logp=b.sample_logp,
+                                          mask=b.mask),
     }
     # Context-free residual per document-frequency bucket (upper edges of
     # cancellation.DEFAULT_BUCKET_EDGES): "_df50" = ids in > 25 % and <= 50 % of the responses.
@@ -154,13 +156,16 @@ def _diagnostics(spec: StepSpec, b: _Batch, old_logp: jax.Array, entropy: jax.Ar
     return out
 
 
-def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array):
+def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array,
+                 entropy: jax.Array | None = None):
     """(num, LossOutput) of the run's policy loss (KL included; a cancellation transform's
     reweighted numerator when one is set, and its weights as `out.weights`: the ones the
-    update applies) on the rows `b.mask` selects."""
-    ref_logp = b.ref_logp if spec.loss.beta > 0 else None  # π_ref's, for the KL term
+    update applies; TIS on the sampler's log-probs; the entropy bonus of `entropy` [N, R])
+    on the rows `b.mask` selects."""
+    ref_logp = b.ref_logp if spec.kl_in_loss else None  # π_ref's, for the KL term
     out = LOSSES.get(spec.loss.name, key="config.loss.name")(
-        spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp)
+        spec.loss, logp=logp, old_logp=old_logp, adv=b.adv, mask=b.mask, ref_logp=ref_logp,
+        sample_logp=b.sample_logp)
     num = out.num
     if spec.cancellation.transform != "none":
         out = out._replace(weights=_transformed(spec, b, out.weights))
@@ -169,6 +174,9 @@ def policy_terms(spec: StepSpec, b: _Batch, logp: jax.Array, old_logp: jax.Array
             ref_logp=ref_logp)
     if b.kl_anchor is not None:
         num = num + _anchor_num(spec, b, logp)
+    if entropy is not None and spec.loss.entropy_coef > 0:
+        bonus, metrics = losses.entropy_bonus(spec.loss, entropy=entropy, mask=b.mask)
+        num, out = num + bonus, out._replace(metrics={**out.metrics, **metrics})
     return num, out
 
 
@@ -203,13 +211,17 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     """(num, (den, metrics, aux)) of the rollout rows in packed rows `rows`. aux: with one
     update per rollout, this pass's (detached) log-probs and entropy, the on-policy ones."""
     single = spec.single_update
-    logp, entropy, values, here = _chunk_stats(spec, params, b, rows, entropy=single,
+    logp, entropy, values, here = _chunk_stats(spec, params, b, rows,
+                                               entropy=single or spec.loss.entropy_coef > 0,
                                                values=spec.is_ppo)
     b = b._replace(mask=b.mask & here[:, None])  # rows of other chunks count nowhere
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
-    old_logp = jax.lax.stop_gradient(logp) if single else b.old_logp
-    num, out = policy_terms(spec, b, logp, old_logp)
+    # rollout.off_policy_steps 1: π_old is the policy that sampled the batch, a step behind
+    # the one differentiated (trainer/offpolicy.py): the sampler's own log-probs.
+    old_logp = (b.sample_logp if spec.rollout.off_policy_steps
+                else jax.lax.stop_gradient(logp) if single else b.old_logp)
+    num, out = policy_terms(spec, b, logp, old_logp, entropy)
     metrics = dict(out.metrics)
     if spec.layout != "packed":  # whole groups per chunk: the residual at the current ratios
         num_r, den_r = _per_group(spec, cancellation.residual_terms, b,  # of what it applies
@@ -220,14 +232,16 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
                                returns=b.returns, mask=b.mask)
         num = num + spec.loss.value_coef * vl.num
         metrics.update(vl.metrics)
-    aux = (old_logp, jax.lax.stop_gradient(entropy)) if single else ()
+    aux = (jax.lax.stop_gradient(logp), jax.lax.stop_gradient(entropy)) if single else ()
     return num, (out.den, metrics, aux)
 
 
-def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
-    """Exact gradient of Σnum / Σden over micro-batches, the packed rows chunks[k] [C] each;
-    also the metrics and the added-up aux of the micro-batches."""
-    grad_fn = jax.grad(lambda prm, rows: _micro_loss(spec, prm, b, rows), has_aux=True)
+def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array, frozen: Any = None):
+    """Exact gradient of Σnum / Σden over micro-batches, the packed rows chunks[k] [C] each,
+    with respect to the trained `params` (LoRA: the adapters over the `frozen` base); also the
+    metrics and the added-up aux of the micro-batches."""
+    grad_fn = jax.grad(lambda prm, rows: _micro_loss(
+        spec, policy_params(spec.options, frozen, prm), b, rows), has_aux=True)
     grads, (den, metrics, aux) = grad_fn(params, chunks[0])
     if spec.optim.microbatches > 1:
         def body(carry, rows):
@@ -246,11 +260,10 @@ def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array):
 # the optimizer updates (each guarded against non-finite values), reduce the metrics.
 
 
-def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
-                   cred: Credit, plan: packing.Plan) -> tuple[_Batch, jax.Array | None]:
-    """The update's inputs per rollout row, with π_ref's log-probs (β > 0) and, when π_old is
-    frozen across several updates, its log-probs, values and entropy from one pass up front.
-    Returns (batch, π_old's entropy or None)."""
+def _rows_batch(spec: StepSpec, rollout: Rollout, adv: jax.Array, plan: packing.Plan
+                ) -> _Batch:
+    """The rollout's rows as the update's inputs (packed per `plan` unless "grouped"), with
+    advantages `adv`; no model pass yet (old / reference log-probs empty / zeros)."""
     mask = response_mask(rollout.response_len, rollout.response.shape[1])
     tokens = segments = first = None
     if spec.layout != "grouped":
@@ -259,15 +272,40 @@ def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: R
     empty = jnp.zeros((mask.shape[0], 0))
     if rollout.valid is not None:  # an invalid row has no tokens of its own
         mask = mask & rollout.valid[:, None]
-    batch = _Batch(tokens, segments, plan.bin, first, rollout.prompt, rollout.prompt_len, mask,
-                   rollout.response, rollout.sample_logp, empty, jnp.zeros(mask.shape),
-                   cred.adv, empty, empty, rollout.kl_anchor)
-    if spec.loss.beta > 0 or rollout.kl_anchor is not None:
+    return _Batch(tokens, segments, plan.bin, first, rollout.prompt, rollout.prompt_len, mask,
+                  rollout.response, rollout.sample_logp, empty, jnp.zeros(mask.shape),
+                  adv, empty, empty, rollout.kl_anchor)
+
+
+def reward_kl(spec: StepSpec, ref_params: Any, rollout: Rollout) -> jax.Array:
+    """[N] β · Σ_t k(logπ_sampler, logπ_ref) per row (`losses.kl_reward`): what
+    `loss.kl_in = "reward"` takes off R before `credit` (`Rollout.kl_penalty`). One π_ref
+    pass over the rollout's own rows (identity plan) in the update's micro-batch chunks; the
+    policy side is the sampler's own log-probs (no policy pass)."""
+    n = rollout.prompt.shape[0]
+    plan = packing.Plan(jnp.arange(n, dtype=jnp.int32),
+                        (rollout.prompt.shape[1] - rollout.prompt_len).astype(jnp.int32), n,
+                        spec.group_size)
+    batch = _rows_batch(spec, rollout, jnp.zeros_like(rollout.reward), plan)
+    ref_logp = _frozen_stats(spec, ref_params, batch, plan)[0]
+    return losses.kl_reward(spec.loss, sample_logp=rollout.sample_logp, ref_logp=ref_logp,
+                            mask=batch.mask)
+
+
+def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
+                   cred: Credit, plan: packing.Plan) -> tuple[_Batch, jax.Array | None]:
+    """The update's inputs per rollout row, with π_ref's log-probs (β > 0) and, when π_old is
+    frozen across several updates, its log-probs, values and entropy from one pass up front.
+    Returns (batch, π_old's entropy or None)."""
+    batch = _rows_batch(spec, rollout, cred.adv, plan)
+    empty = jnp.zeros((batch.mask.shape[0], 0))
+    if spec.kl_in_loss or rollout.kl_anchor is not None:
         batch = batch._replace(ref_logp=_frozen_stats(spec, ref_params, batch, plan)[0])
     entropy = None
     if not spec.single_update:  # π_old is frozen across several updates: one pass up front
-        old_logp, entropy, values = _frozen_stats(spec, state.params, batch, plan,
-                                                  entropy=True, values=spec.is_ppo)
+        policy = policy_params(spec.options, ref_params, state.params)
+        old_logp, entropy, values = _frozen_stats(spec, policy, batch, plan, entropy=True,
+                                                  values=spec.is_ppo)
         batch = batch._replace(old_logp=old_logp,
                                old_values=empty if values is None else values)
     return batch, entropy
@@ -286,11 +324,11 @@ def with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
 
 
 def _guarded_update(spec: StepSpec, optimizer: optax.GradientTransformation, st: TrainState,
-                    batch: _Batch, rows: jax.Array):
+                    batch: _Batch, rows: jax.Array, frozen: Any = None):
     """One optimizer update on the micro-batches `rows` [microbatches, C]. Not applied (state
     kept, counted as skipped) when the loss, the gradient or any updated parameter is not
     finite. Returns (state, (metrics, grad norm, skipped, aux))."""
-    grads, m, aux = _gradients(spec, st.params, batch, rows)
+    grads, m, aux = _gradients(spec, st.params, batch, rows, frozen)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
     params = optax.apply_updates(st.params, updates)
@@ -364,7 +402,7 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     def one_update(st: TrainState, idx: jax.Array):  # idx: [units of this minibatch]
         rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(
             spec.optim.microbatches, -1)
-        return _guarded_update(spec, optimizer, st, batch, rows)
+        return _guarded_update(spec, optimizer, st, batch, rows, ref_params)
 
     orders = _update_orders(spec, plan.rows // plan.unit, key)
     state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, orders)
@@ -375,7 +413,8 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     metrics = losses.finalize_metrics(_diagnostics(spec, batch, old_logp, entropy))
     metrics.update(_reduce_metrics(upd_metrics, grad_norms, skipped))
     if spec.cancellation.log_drift:
-        metrics.update(_drift_metrics(spec, state.params, batch, plan, old_logp))
+        metrics.update(_drift_metrics(spec, policy_params(spec.options, ref_params, state.params),
+                                      batch, plan, old_logp))
     return state._replace(step=state.step + 1), metrics
 
 

@@ -1,0 +1,262 @@
+"""Where and when the RL step's rollouts are sampled (issue 46): on a mesh of their own
+(`config.mesh.rollout`), and one step off-policy (`config.rollout.off_policy_steps`).
+
+Rollout mesh. By default the training mesh samples (today's program, unchanged). With
+`mesh.rollout.devices` > 0 the sampler runs on a mesh of its own: the last `devices` devices,
+which then train nothing (`dedicated`), or the first `devices`, shared with training but in
+another (data, fsdp, tensor) split. Once per step the policy is cast to the compute dtype (the
+copy decode reads anyway, `sampling.compute_weights`) and resharded from the training layout to
+the sampling layout on the rollout mesh (`jax.device_put`; `time_reshard_s`); the sampled
+tokens, lengths and log-probs come back to the training mesh for scoring, credit and update.
+
+Off-policy (one step, as verl's one-step-off-policy trainer). Step k's batch was sampled and
+scored while step k-1's update ran, with the parameters step k-1 started from, in a background
+thread; the update takes the sampler's log-probs as π_old of its ratio (trainer/step.py), and
+`policy_lag` is 1 (0 at the first step, sampled synchronously). The update donates the state,
+so the sampler reads a copy of its own: the compute-dtype copy (on the rollout mesh, the
+resharded one). The background collect runs on a shallow copy of the trainer whose budget
+starts at 0: its trajectories count when its step consumes the batch, so every logged value
+is what it would be were the phases run one after the other. Only one collect runs at a time
+(the data position advances in step order); the reward pool is shared with the main thread's
+extra rounds and evaluation and serialized by a lock (`Serialized`).
+
+Resume. A checkpoint written while a batch is pending records the data position before that
+batch and the arrays of its sampler calls (the random part; scoring is a function of them);
+the resumed run replays them in the same calls, so its next step is the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import copy
+import io
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax import sampling, sharding
+
+PENDING_KEY = "pending_rollout"  # the checkpoint record's entry of a pending batch
+
+
+def meshes(cfg: Any) -> tuple[Mesh, Mesh]:
+    """(training mesh, rollout mesh) of `cfg` (config.MeshConfig): the same object when
+    mesh.rollout.devices is 0; else the rollout mesh over the last (`dedicated`: the training
+    mesh over the others) or the first mesh.rollout.devices devices."""
+    r = cfg.rollout
+    if r.devices == 0:
+        mesh = sharding.make_mesh(data=cfg.data, fsdp=cfg.fsdp, tensor=cfg.tensor)
+        return mesh, mesh
+    devices = jax.devices()
+    n, keep = len(devices), 1 if r.dedicated else 0
+    if r.devices > n - keep:
+        raise sharding.MeshError(
+            f"config.mesh.rollout.devices={r.devices}: there are {n} device(s)"
+            + (", and training needs at least one of its own" if keep else ""))
+    train = devices[:n - r.devices] if r.dedicated else devices
+    sample = devices[n - r.devices:] if r.dedicated else devices[:r.devices]
+    mesh = sharding.make_mesh(data=cfg.data, fsdp=cfg.fsdp, tensor=cfg.tensor, devices=train)
+    try:
+        rollout = sharding.make_mesh(data=r.data, fsdp=r.fsdp, tensor=r.tensor, devices=sample)
+    except sharding.MeshError as e:
+        raise sharding.MeshError(f"config.mesh.rollout: {e}") from None
+    return mesh, rollout
+
+
+class Serialized:
+    """A reward pool scored by one thread at a time (its worker processes hold one job each):
+    the background collect, the main thread's extra rounds and evaluation share it."""
+
+    def __init__(self, pool: Any):
+        self._pool, self._lock = pool, threading.Lock()
+
+    def score(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return self._pool.score(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+def _each(fn: Callable[[Any], Any], out: sampling.SampleOutput) -> sampling.SampleOutput:
+    """`fn` of each array of `out` (fields a sampler leaves None stay None)."""
+    return sampling.SampleOutput(*(None if x is None else fn(x) for x in out))
+
+
+def encode_outputs(outs: list[sampling.SampleOutput]) -> str:
+    """The sampler calls' host arrays, as text for the checkpoint's JSON record (exact:
+    .npz bytes in base64)."""
+    arrays = {f"{name}_{i}": np.asarray(x) for i, out in enumerate(outs)
+              for name, x in out._asdict().items() if x is not None}
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def decode_outputs(text: str) -> list[sampling.SampleOutput]:
+    """`encode_outputs`' arrays, in call order, on the host."""
+    with np.load(io.BytesIO(base64.b64decode(text))) as z:
+        data = {k: z[k] for k in z.files}
+    calls = len({k.rsplit("_", 1)[1] for k in data})
+    return [sampling.SampleOutput(*(data.get(f"{name}_{i}")
+                                    for name in sampling.SampleOutput._fields))
+            for i in range(calls)]
+
+
+class Rollouts:
+    """The trainer's sampler placement and step schedule (module docstring): `generate` runs
+    the sampler for `Trainer.sample`, `step` runs `collect` and `learn` in the configured order,
+    `saved` / `restored` carry a pending batch over a checkpoint."""
+
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.split = trainer.rollout_mesh is not trainer.mesh
+        self.off_policy = trainer.cfg.rollout.off_policy_steps > 0
+        self.reshard_s = 0.0  # this step's resharding time
+        self._shardings = None  # the sampling layout's, on the rollout mesh (first reshard)
+        self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+                      if self.off_policy else None)
+        self._pending: concurrent.futures.Future | None = None  # (Collected, budget)
+        self._own: Any = None  # the pending batch's sampler weights, a copy of its own
+        self._start = 0  # the data position before the pending batch
+        self._record: list[sampling.SampleOutput] | None = None  # the pending batch's calls
+        self._replay: list[sampling.SampleOutput] = []  # a resumed run's pending calls
+
+    # ------------------------------------------------------------------ sampling
+    def reshard(self, params: Any) -> Any:
+        """The compute-dtype copy of `params` in the sampling layout on the rollout mesh,
+        always a copy (the update donates `params`); timed into `reshard_s`."""
+        t0 = time.perf_counter()
+        t = self.trainer
+        if self._shardings is None:
+            self._shardings = sharding.param_shardings(params, t.rollout_mesh, sharding.SAMPLING)
+        w = jax.device_put(sampling.compute_weights(params, t.base.options.dtype),
+                           self._shardings, may_alias=False)
+        jax.block_until_ready(w)
+        self.reshard_s += time.perf_counter() - t0
+        return w
+
+    def weights_copy(self, params: Any) -> Any:
+        """What the sampler reads of `params`, in buffers the update does not donate: the
+        resharded copy, or on the training mesh the compute-dtype copy (leaves it would
+        pass through unchanged copied)."""
+        if self.split:
+            return self.reshard(params)
+        with jax.set_mesh(self.trainer.mesh):
+            w = self.trainer.generate.shared(params)
+            w = jax.tree.map(lambda a, b: jnp.copy(a) if a is b else a, w, params)
+        return jax.block_until_ready(w)
+
+    def generate(self, generate: Any, params: Any, prompts: Any, key: jax.Array
+                 ) -> sampling.SampleOutput:
+        """`generate`'s samples of `prompts` (batching.PromptBatch) under `params` on the
+        rollout mesh, in rollout.sample_chunk calls, placed on the training mesh. A resumed
+        run's pending calls are replayed instead; a pending batch's are recorded."""
+        if self._replay:
+            out = _each(lambda x: sharding.global_array(
+                x, sharding.batch_sharding(self.trainer.mesh, x.ndim)), self._replay.pop(0))
+        else:
+            out = self._sample(generate, params, prompts, key)
+        if self._record is not None:
+            self._record.append(out)
+        return out
+
+    def _sample(self, generate: Any, params: Any, prompts: Any, key: jax.Array
+                ) -> sampling.SampleOutput:
+        t, n = self.trainer, len(prompts.lengths)
+        chunk = t.cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
+        mesh = t.rollout_mesh
+        if self.split:  # the step's key, where the sampler's programs run
+            key = jax.device_put(key, NamedSharding(mesh, P()))
+        with jax.set_mesh(mesh):
+            # One compute-dtype copy of the weights for every chunk of this rollout (a
+            # pending batch's: the copy of its own).
+            if params is self._own:
+                cast = params
+            else:
+                cast = (self.reshard(params) if self.split
+                        else generate.shared(params) if chunk < n else None)
+            outs = [generate(params, prompts.tokens[i:i + chunk], prompts.lengths[i:i + chunk],
+                             key if chunk == n else jax.random.fold_in(key, i), cast=cast)
+                    for i in range(0, n, chunk)]
+            out = outs[0]
+            if len(outs) > 1:
+                out = sampling.SampleOutput(*(None if parts[0] is None else jax.device_put(
+                    jnp.concatenate(parts), sharding.batch_sharding(mesh, parts[0].ndim))
+                    for parts in zip(*outs)))
+        if self.split or self.off_policy:  # on the training mesh, laid out like a replay's
+            out = _each(lambda x: jax.device_put(x, sharding.batch_sharding(t.mesh, x.ndim)),
+                        out)
+        return out
+
+    # ------------------------------------------------------------------ the schedule
+    def step(self, s: int, gen_key: jax.Array, learn: Callable[[Any], tuple[dict, dict]]
+             ) -> tuple[dict[str, float], dict[str, dict]]:
+        """RL step `s`: its batch (`Trainer.collect`, or the one sampled in the background
+        during the previous update), then `learn` on it; off-policy, the next step's batch is
+        started first. Adds the schedule's metrics."""
+        t, t0 = self.trainer, time.perf_counter()
+        self.reshard_s = 0.0
+        if not self.off_policy:
+            metrics, logged = learn(t.collect(gen_key))
+            if self.split:
+                metrics["time_reshard_s"] = self.reshard_s
+            return metrics, logged
+        lag = 1 if self._pending is not None or self._replay else 0
+        if self._pending is None:
+            got = t.collect(gen_key)
+        else:
+            got, cost = self._pending.result()
+            t.budget += cost
+            self._pending = None
+        wait = time.perf_counter() - t0
+        if s < t.cfg.train.steps:
+            self._launch(t.keys(s + 1)[0])
+        metrics, logged = learn(got)
+        metrics.update(policy_lag=float(lag), time_wait_s=wait,
+                       time_step_s=time.perf_counter() - t0)
+        if self.split:
+            metrics["time_reshard_s"] = self.reshard_s
+        return metrics, logged
+
+    def _launch(self, key: jax.Array) -> None:
+        """Starts the next step's collect in the background, with a copy of the parameters
+        this step starts from, on a shallow copy of the trainer (its budget apart)."""
+        t = self.trainer
+        shadow = copy.copy(t)
+        shadow.budget = 0.0
+        self._own = own = self.weights_copy(t.policy)
+        self._start, self._record = t.sampler.position, []
+
+        def work() -> tuple[Any, float]:
+            return shadow.collect(key, own), shadow.budget
+
+        self._pending = self._pool.submit(work)
+
+    def saved(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The checkpoint record `meta`, with a pending batch's data position and sampler
+        calls (waits for it)."""
+        if self._pending is None:
+            return meta
+        self._pending.result()
+        calls = [_each(sharding.host_array, out) for out in self._record]
+        return {**meta, "data_position": self._start, PENDING_KEY: encode_outputs(calls)}
+
+    def restored(self, meta: dict[str, Any]) -> None:
+        """After a restore: the pending batch of `meta`, if any, is replayed by the next
+        collect (the data sampler is back at its position)."""
+        if self.off_policy and meta.get(PENDING_KEY):
+            self._replay = decode_outputs(meta[PENDING_KEY])
+
+    def close(self) -> None:
+        """Waits for a batch still being sampled (its errors are the step's, not raised)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
