@@ -28,7 +28,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from experiments import base_probe
+from experiments import base_probe, items_paper
 from experiments import items as items_lib
 from ibpo_jax import config
 from ibpo_jax.host import cpu_model, git_commit
@@ -42,7 +42,7 @@ KEYS = ("pg_var_ratio", "pg_noise_ratio", "pg_noise_ratio_gspo", "grad_share_bef
 
 def variants() -> list[items_lib.Run]:
     """The IBPO runs of the `variants` item (its GSPO baselines are each batch's `_gspo`)."""
-    return [r for r in items_lib.VARIANT_RUNS if r.algo.startswith("ibpo")]
+    return [r for r in items_paper.VARIANT_RUNS if r.algo.startswith("ibpo")]
 
 
 def _functions(trainer: loop.Trainer, cfg: config.RunConfig):

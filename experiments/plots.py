@@ -42,6 +42,11 @@ UNITS = {
     "shared_logprob_drift": "shared-prefix log-prob drift (nats)",
     "shared_logprob_drift_whole": "whole-group shared-prefix drift (nats)",
     "entropy": "policy entropy (nats / token)",
+    "frac_groups_all_same": "all-same groups in the trained batch (fraction)",
+    "groups_filtered": "groups dynamic sampling dropped (per step)",
+    "sampling_rounds": "sampling rounds (per step)",
+    "phi_mean": "φ (mean over scored wrong responses)",
+    "policy_lag": "policy lag of the rollouts (steps)",
 }
 # Reference lines: (value, what) per key; 1.0 for ratios of IBPO to GSPO, the paper's 0.70.
 REFERENCES = {

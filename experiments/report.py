@@ -23,7 +23,10 @@ import statistics
 from pathlib import Path
 
 from experiments import items as items_lib
-from experiments import plots, stats
+from experiments import plots, report_provenance, stats
+
+# The probes' pages (credit, variants, prefix_credit) read these as report.*.
+code_versions, hosts = report_provenance.code_versions, report_provenance.hosts
 
 
 def load(records_dir: Path, r: items_lib.Run, seeds: int) -> list[dict]:
@@ -48,7 +51,8 @@ def fmt(xs: list[float], scale: float = 1.0, digits: int = 1) -> str:
 
 def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
     """Per-seed values of a run: base, final, gain, and each metric's mean over logged steps."""
-    out = {"base": [], "final": [], "gain": [], "time_min": [], "early": [], "early_step": []}
+    out = {"base": [], "final": [], "gain": [], "time_min": [], "step_s": [], "step_cpu": [],
+           "early": [], "early_step": []}
     for rec in recs:
         ev = _evals(rec)
         out["base"].append(ev[0][1])
@@ -59,6 +63,8 @@ def summarize(recs: list[dict], metrics: tuple[str, ...]) -> dict:
         out["early_step"].append(step)
         if any("time_total_s" in row for row in rec["rows"]):
             out["time_min"].append(run_minutes(rec["rows"]))
+            out["step_s"].append(step_seconds(rec["rows"]))
+            out["step_cpu"].append(rec.get("cpu") or "unknown")  # the host of that pace
     for k in metrics:
         # The budget spent is the last row's (a cumulative count); the rest, means over steps.
         pick = (lambda v: v[-1]) if k == "budget_trajectories" else statistics.mean
@@ -84,8 +90,15 @@ def run_minutes(rows: list[dict]) -> float:
     for the whole run still slows it); the first row's time (start-up, base evaluation)
     counts as logged."""
     t = [(r["step"], r["time_total_s"]) for r in rows if "time_total_s" in r]
+    return (t[0][1] + (t[-1][0] - t[0][0]) * step_seconds(rows)) / 60
+
+
+def step_seconds(rows: list[dict]) -> float:
+    """A run's median seconds per step between its logged rows (`run_minutes`' pace: the
+    intervals holding an evaluation count too, as in every run of the grid)."""
+    t = [(r["step"], r["time_total_s"]) for r in rows if "time_total_s" in r]
     pace = [(tb - ta) / (sb - sa) for (sa, ta), (sb, tb) in zip(t, t[1:]) if sb > sa]
-    return (t[0][1] + (t[-1][0] - t[0][0]) * (statistics.median(pace) if pace else 0.0)) / 60
+    return statistics.median(pace) if pace else 0.0
 
 
 def steps_to(recs: list[dict], threshold: float) -> str:
@@ -100,6 +113,15 @@ def steps_to(recs: list[dict], threshold: float) -> str:
     return "not reached"
 
 
+def trajectories_at(recs: list[dict], step: str) -> str:
+    """The seeds' mean budget_trajectories at evaluated `step` (`steps_to`'s answer): runs
+    that sample more per step (dynamic sampling) reach a step later in trajectories."""
+    spent = [row["budget_trajectories"] for rec in recs for row in rec["rows"]
+             if str(row["step"]) == step and "eval_accuracy" in row
+             and "budget_trajectories" in row]
+    return f"{statistics.mean(spent):,.0f}" if spent else "—" if step.isdigit() else step
+
+
 @dataclasses.dataclass(frozen=True)
 class Judged:
     """One comparison of an item: its test, Holm-adjusted p and result ("higher", "lower",
@@ -112,11 +134,14 @@ class Judged:
 
     @property
     def way(self) -> str:
-        """"for" (the paper's way), "against", "level" or "open"."""
+        """"for" (the paper's way), "against", "level" or "open"; "found" for a difference
+        where the paper makes no claim (`items.NO_CLAIM`)."""
         if self.result.startswith("n/a"):
             return "open"
         if self.result == "level":
             return "level"
+        if self.comparison.expect == items_lib.NO_CLAIM:
+            return "found"
         return "for" if self.result == self.comparison.expect else "against"
 
 
@@ -156,7 +181,9 @@ def judge(item: items_lib.Item, s: dict[str, dict]) -> list[Judged]:
 def counts(judged: list[Judged]) -> dict[str, int]:
     """How many comparisons go the paper's way ("for"), against it, level, not yet judged."""
     n = collections.Counter(j.way for j in judged)
-    return {"n": len(judged), **{k: n[k] for k in ("for", "against", "level", "open")}}
+    ways = ("for", "against", "level", "open") + (
+        ("found",) if any(j.comparison.expect == items_lib.NO_CLAIM for j in judged) else ())
+    return {"n": len(judged), **{k: n[k] for k in ways}}
 
 
 def verdict_word(c: dict[str, int], *, some: bool = False) -> str:
@@ -195,7 +222,8 @@ def short_result(j: Judged) -> str:
             f"Holm p {fmt_p(j.adjusted_p)}: {j.result}")
     if j.way == "level":
         return text + f" (detectable: ±{scale * t.mde:.{_digits(scale)}f}{unit})"
-    return text + (" (the paper's way)" if j.way == "for" else " (against the paper)")
+    return text + {"for": " (the paper's way)", "against": " (against the paper)",
+                   "found": ""}[j.way]
 
 
 def _digits(scale: float) -> int:
@@ -215,6 +243,9 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
         return "not run", "no records"
     judged = judge(item, s)
     c = counts(judged)
+    if item.claimless and c["open"] < c["n"]:  # no claim to hold: what the runs show
+        return found(judged), "; ".join(short_result(j) for j in judged) + "".join(
+            f". {extra}" for extra in [notes_text(item, s)] if extra)
     if c["open"] == c["n"]:
         return "incomplete", "no comparison of the claim has 2 seeds on every side yet: " \
             + "; ".join(short_result(j) for j in judged)
@@ -223,6 +254,11 @@ def verdict(item: items_lib.Item, s: dict[str, dict]) -> tuple[str, str]:
     if extra := notes_text(item, s):
         why += f". {extra}"
     return f"{word} ({c['for']}/{c['n']} for, {c['against']} against)", why
+
+
+def found(judged: list[Judged]) -> str:
+    """The plain statement of an item without a claim: each comparison and its result."""
+    return "; ".join(f"{j.comparison.name}: {j.result}" for j in judged)
 
 
 def notes_text(item: items_lib.Item, s: dict[str, dict]) -> str:
@@ -245,7 +281,7 @@ def comparison_table(judged: list[Judged]) -> list[str]:
                    f"at 80 % power)")
         else:
             res = j.result + {"for": " (the paper's way)", "against": " (against the paper)",
-                              "open": ""}[j.way]
+                              "open": "", "found": ""}[j.way]
         lines.append(f"| {j.comparison.name} | {j.comparison.expect} | {diff} | {fmt_p(t.p)} | "
                      f"{fmt_p(j.adjusted_p)} | {res} |")
     return lines
@@ -263,108 +299,6 @@ def _source(recs: list[dict]) -> str | None:
     return (recs[0].get("base") or {}).get("source") if recs else None
 
 
-def mixed_bases(data: dict[str, list[dict]]) -> str:
-    """Why the records do not share their bases, or "". A base's `source` names the config
-    that warm-starts it (C.1's two sizes have two, by design); one source warm-started on
-    two hosts gives two sets of weights (two sha256), and a run's seeds must share one."""
-    weights: dict[str, set[str]] = {}
-    for label, recs in data.items():
-        if len(bases := {json.dumps(r.get("base"), sort_keys=True) for r in recs}) > 1:
-            return f"the seeds of {label} start from {len(bases)} different base policies " \
-                f"({', '.join(sorted(bases))})"
-        for r in recs:
-            base = r.get("base") or {}
-            weights.setdefault(base.get("source", "?"), set()).add(base.get("sha256", "?"))
-    return next((f"base {src} has {len(shas)} different sets of weights "
-                 f"(sha256 {', '.join(sorted(shas))})"
-                 for src, shas in sorted(weights.items()) if len(shas) > 1), "")
-
-
-def hosts(data: dict[str, list[dict]]) -> str:
-    """The CPUs the records ran on, with how many records each: minutes per run (and the
-    last bits of floating point) depend on the host."""
-    counts = collections.Counter(r.get("cpu") or "unknown" for recs in data.values()
-                                 for r in recs)
-    return "; ".join(f"{cpu} ({n} run{'s' if n > 1 else ''})"
-                     for cpu, n in sorted(counts.items()))
-
-
-def shared_runs(item: items_lib.Item) -> list[str]:
-    """Which of the item's runs other items reuse (the same directory and records), and which
-    of its comparisons other items count too: their verdicts are not independent evidence."""
-    others = [o for o in items_lib.ITEMS.values() if o.name != item.name]
-    lines = []
-    for r in item.runs:
-        if users := [o.name for o in others if r.name in {x.name for x in o.runs}]:
-            lines.append(f"{r.label} (`{r.name}`) is also a run of {', '.join(users)}")
-
-    def key(it: items_lib.Item, c: items_lib.Comparison) -> tuple:
-        names = {x.label: x.name for x in it.runs}
-        return (c.ref, c.expect, *sorted((k, names[label], m) for k, label, m in c.terms))
-
-    for c in item.comparisons:
-        if users := [o.name for o in others if key(item, c) in {key(o, x) for x in o.comparisons}]:
-            lines.append(f"the comparison {c.name} on the same records is counted in "
-                         f"{', '.join(users)} too")
-    return lines
-
-
-def code_versions(data: dict[str, list[dict]]) -> str:
-    """The commits whose code made the records, with how many records each (a backfilled
-    commit is the parent of the commit that added the record: `experiments/provenance.py`)."""
-    n = collections.Counter()
-    for recs in data.values():
-        for r in recs:
-            commit = str(r.get("commit") or "unknown")
-            tag = commit[:10] + (" dirty" if r.get("dirty") else "") + (
-                " backfilled" if str(r.get("commit_source", "")).startswith("backfilled") else "")
-            n[tag] += 1
-    return "; ".join(f"{c} ({k} record{'s' if k > 1 else ''})" for c, k in sorted(n.items()))
-
-
-TRAINER_CODE = ("ibpo_jax", "configs")  # what a run's numbers depend on, tests aside
-
-
-def code_changes(commits: set[str]) -> str:
-    """Whether the trainer's code changed between the records' commits: the files under
-    TRAINER_CODE that differ between the oldest and the newest of them ("" for one commit,
-    or without git). A changed file need not change the numbers; an unchanged tree cannot."""
-    import subprocess
-
-    known = sorted(c for c in commits if c and c != "unknown")
-    if len(known) < 2:
-        return ""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=items_lib.ROOT, capture_output=True,
-                              text=True, check=True, timeout=30).stdout
-
-    try:
-        dated = sorted((int(git("log", "-1", "--format=%ct", c)), c) for c in known)
-        files = git("diff", "--name-only", dated[0][1], dated[-1][1], "--",
-                    *TRAINER_CODE).split()
-    except (OSError, subprocess.SubprocessError):
-        return f"The records come from {len(known)} commits (not compared: no git history)."
-    unknown = " (plus records of unknown code)" if len(known) < len(commits) else ""
-    where = ", ".join(d + "/" for d in TRAINER_CODE)
-    listed = ", ".join(f"`{f}`" for f in files[:8]) + (", …" if len(files) > 8 else "")
-    change = (f"{len(files)} file(s) of the trainer's code ({where}) changed, so the runs may "
-              f"differ by more than their seeds: {listed}" if files
-              else "the trainer's code did not change")
-    return (f"The records come from {len(known)} commits{unknown}; between the oldest "
-            f"({dated[0][1][:10]}) and the newest ({dated[-1][1][:10]}) {change}.")
-
-
-def truncated(data: dict[str, list[dict]]) -> list[str]:
-    """The records whose rows were cut after the run (their `truncated` note)."""
-    return [f"{label} seed {_seed(r)}: {r['truncated']}" for label, recs in data.items()
-            for r in recs if r.get("truncated")]
-
-
-def _seed(rec: dict) -> str:
-    return str((rec.get("config") or {}).get("seed", "?"))
-
-
 def summaries(data: dict[str, list[dict]], metrics: tuple[str, ...]) -> tuple[dict, int]:
     """Each run's `summarize`, with §4.2's steps to the baseline's final, and how many bases
     the baselines start from. Steps count against GSPO on the same base (C.1's sizes each
@@ -377,6 +311,7 @@ def summaries(data: dict[str, list[dict]], metrics: tuple[str, ...]) -> tuple[di
     for label, recs in data.items():  # for §4.2's verdict
         if recs and _source(recs) in thresholds:
             s[label]["steps_to"] = steps_to(recs, thresholds[_source(recs)])
+            s[label]["trajectories_to"] = trajectories_at(recs, s[label]["steps_to"])
             s[label]["last_step"] = max(step for rec in recs for step, _ in _evals(rec))
     return s, len(thresholds)
 
@@ -386,8 +321,9 @@ def run_table(item: items_lib.Item, runs, data: dict[str, list[dict]], s: dict[s
     """The Markdown table of the runs: seeds, accuracies, steps to the baseline's final, the
     item's metrics, minutes per run, the paper's number."""
     reference = "GSPO's" if "GSPO" in s else "the first row's"
-    head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)",
-            f"steps to {reference} final" + (" on its base" if n_bases > 1 else ""),
+    speed = [f"steps to {reference} final" + (" on its base" if n_bases > 1 else "")]
+    speed += ["trajectories to it"] if item.speed_in_trajectories else []
+    head = ["run", "seeds", "base (%)", "final (%)", "gain (pts)", *speed,
             *item.metrics, "min / run (median pace)", "paper"]
     lines = ["", "Mean ± sd over each run's seeds.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -395,6 +331,7 @@ def run_table(item: items_lib.Item, runs, data: dict[str, list[dict]], s: dict[s
         v, recs = s[r.label], data[r.label]
         cells = [r.label, str(len(recs)), fmt(v["base"], 100), fmt(v["final"], 100),
                  fmt(v["gain"], 100), v.get("steps_to", "—"),
+                 *([v.get("trajectories_to", "—")] if item.speed_in_trajectories else []),
                  *(_metric_cell(v.get(k, []), len(recs), k) for k in item.metrics),
                  fmt(v["time_min"]), item.paper.get(r.label, "—")]
         lines.append("| " + " | ".join(cells) + " |")
@@ -407,7 +344,7 @@ def verdict_block(item: items_lib.Item, runs, seeds: int, data: dict[str, list[d
     short, why = verdict(item, s)
     judged = judge(item, s) if item.comparisons else []
     c = counts(judged)
-    if mixed := mixed_bases(data):
+    if mixed := report_provenance.mixed_bases(data):
         # Never compare runs that started from different policies (records' `base`).
         short, why = "mixed bases", f"{mixed}; rerun them on one base"
     if missing_runs := [r.label for r in runs if not data[r.label]]:
@@ -417,49 +354,59 @@ def verdict_block(item: items_lib.Item, runs, seeds: int, data: dict[str, list[d
     capped = [r for r in runs if r.seeds(seeds) < seeds]
     n_seeds = [len(data[r.label]) for r in runs if r not in capped]
     n, most = min(n_seeds, default=0), max(n_seeds, default=0)
-    span = str(n) if n == most else f"{n}-{most}"
+    # Runs the item gives more seeds (`Run.min_seeds`) that have fewer so far.
+    short_of = [r for r in runs if len(data[r.label]) < r.seeds(item.min_seeds) <= r.min_seeds]
     if not missing_runs and n < item.min_seeds:  # a verdict on fewer seeds than asked is early
         short += f" (so far: {n} of {item.min_seeds} seeds{'' if n == most else ' in some runs'})"
-    lines = []
-    if judged:
-        lines += ["", f"## The claim's comparisons ({'some' if item.some else 'every'} one "
-                  "should go the paper's way)", "",
-                  "Welch's test of each difference of seed means (runs may have different "
-                  "seed counts), Holm-adjusted over this item's comparisons; \"higher\" / "
-                  "\"lower\" needs Holm p < 0.05 (experiments/results/README.md, \"The "
-                  "rule\").", "", *comparison_table(judged)]
+    elif not missing_runs and short_of:
+        short += " (so far: " + ", ".join(f"{len(data[r.label])} of {r.min_seeds} seeds in "
+                                          f"{r.label}" for r in short_of) + ")"
+    lines = _comparisons_head(item) + comparison_table(judged) if judged else []
     # With a comparison table above, the verdict line gives its counts and what else it read.
     said = why if not judged or short.startswith("mixed") else ". ".join(
         [tally(c), *filter(None, [notes_text(item, s)])])
     if missing_runs and judged:
         said += f"; not run yet: {', '.join(missing_runs)}"
-    lines += ["", f"**Holds here?** {short}: {said}.", "",
-              f"Seeds per run: {span} (the item asks for at "
-              f"least {item.min_seeds})."
-              + ("" if n >= item.min_seeds else " FEWER than asked: read with care.")]
+    if item.claimless and judged and not short.startswith("mixed"):
+        said = ". ".join(filter(None, [notes_text(item, s), *(
+            [f"not run yet: {', '.join(missing_runs)}"] if missing_runs else [])]))
+        lines += ["", f"**What the runs show** (no claim of the papers' to hold): {short}"
+                  + (f". {said}" if said else "") + "."]
+    else:
+        lines += ["", f"**Holds here?** {short}: {said}."]
+    lines += ["", _seeds_line(item, runs, data, n, most, short_of)]
     lines += [f"{r.label}: {len(data[r.label])} seed(s) of the {r.seeds(seeds)} planned: "
               f"{r.why_fewer}." for r in capped]
     return lines, {"verdict": short, "why": why, "seeds": n, "counts": c}
 
 
-def provenance_lines(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
-    """The runs shared with other items, the code and hosts of the records, truncations."""
-    lines = []
-    if shared := shared_runs(item):
-        lines += ["", "Shared with other items: " + "; ".join(shared) + "."]
-    lines += ["", f"Code (commit of each record): {code_versions(data)}."]
-    if changed := code_changes({r.get("commit", "") for recs in data.values() for r in recs}):
-        lines += [changed]
-    if cut := truncated(data):
-        lines += ["", "Truncated records: " + "; ".join(cut) + "."]
-    if host_list := hosts(data):
-        lines += ["", f"Hosts: {host_list}."]
-    return lines
+def _comparisons_head(item: items_lib.Item) -> list[str]:
+    """The heading and rule above an item's comparison table."""
+    rule = ("Welch's test of each difference of seed means (runs may have different seed "
+            "counts), Holm-adjusted over this item's comparisons; \"higher\" / \"lower\" needs "
+            "Holm p < 0.05 (experiments/results/README.md, \"The rule\").")
+    if item.claimless:
+        return ["", "## Comparisons (the papers make no claim here: each says what the runs "
+                "show)", "", rule, ""]
+    return ["", f"## The claim's comparisons ({'some' if item.some else 'every'} one "
+            "should go the paper's way)", "", rule, ""]
+
+
+def _seeds_line(item: items_lib.Item, runs, data: dict[str, list[dict]], n: int, most: int,
+                short_of: list[items_lib.Run]) -> str:
+    """How many seeds the runs have against what the item (and its runs of more) ask."""
+    span = str(n) if n == most else f"{n}-{most}"
+    more = "".join(f"; {r.min_seeds} for {r.label}" for r in runs
+                   if r.min_seeds > item.min_seeds)
+    return (f"Seeds per run: {span} (the item asks for at least {item.min_seeds}{more})."
+            + ("" if n >= item.min_seeds and not short_of
+               else " FEWER than asked: read with care."))
 
 
 def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out_dir: Path,
-               command: str, missing: str) -> list[Path]:
-    """<item>.md, .json and .png from the records of `runs` (`seeds` of each at most)."""
+               command: str, missing: str, task: str = "") -> list[Path]:
+    """<item>.md, .json and .png from the records of `runs` (`seeds` of each at most), on
+    `task` (which items share its runs there; "": every item)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js = out_dir / f"{item.name}.md", out_dir / f"{item.name}.json"
     lines = [f"# {item.title}", "", f"The paper's claim: {item.claim}.", "",
@@ -474,7 +421,7 @@ def write_item(item: items_lib.Item, *, runs, seeds: int, records_dir: Path, out
     s, n_bases = summaries(data, item.metrics)
     lines += run_table(item, runs, data, s, n_bases)
     said, result = verdict_block(item, runs, seeds, data, s)
-    lines += said + provenance_lines(item, data)
+    lines += said + report_provenance.provenance_lines(item, data, task)
     png = out_dir / f"{item.name}.png"
     caption = plots.plot_item(item, data=data, summaries=s, path=png)
     lines += ["", f"![{item.name}]({item.name}.png)", "", f"*{caption}*"]

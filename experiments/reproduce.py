@@ -3,9 +3,10 @@
     python -m experiments.reproduce ITEM [--task arith|arith_long] [--seeds N] [--jobs J] [--smoke]
                                          [--out DIR] [--only LABEL,...] [--report-only]
 
-ITEM is an item of experiments/items.py (`--help` lists them), several of them joined by
-commas (their runs train as one pool, `--jobs` at a time), or `all`. The driver knows no item
-by name: what an item trains, keeps, judges and adds to its page is its entry in `ITEMS`.
+ITEM is an item of `ITEMS` (experiments/items_registry.py; `--help` lists them), several of
+them joined by commas (their runs train as one pool, `--jobs` at a time), or `all`. The driver
+knows no item by name: what an item trains, keeps, judges and adds to its page is its entry in
+`ITEMS`.
 
 Each training run goes to runs/reproduce/<task>/<run name>_s<seed>/ (the trainer's own
 workdir: a killed run resumes from its last checkpoint). When a run finishes, its compact
@@ -24,8 +25,9 @@ tables say how many seeds each row has). Verdicts follow one rule for every item
 (experiments/stats.py, stated in experiments/results/README.md); records name the code that
 made them (`commit`, `dirty`; older ones back-filled by `python -m experiments.provenance`).
 
---smoke trains the `smoke` preset for one step, one seed, the first run of each item, into
---out (a temporary directory by default): seconds per run, for the test suite.
+--smoke trains the `smoke` preset for one step, one seed, the first run of each item (or the
+runs its `smoke` names), into --out (a temporary directory by default): seconds per run, for
+the test suite.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import time
 from pathlib import Path
 
 from experiments import items as items_lib
-from experiments import report, summary
+from experiments import items_registry, report, summary
 from ibpo_jax.host import cpu_model, git_commit
 
 ROOT = items_lib.ROOT
@@ -57,7 +59,7 @@ ALWAYS_KEPT = ("step", "eval_accuracy", "budget_trajectories", "pg_var", "time_t
 
 def kept() -> tuple[str, ...]:
     """The keys a record keeps of each logged step."""
-    return items_lib.kept(ALWAYS_KEPT)
+    return items_lib.kept(ALWAYS_KEPT, items_registry.ITEMS.values())
 
 
 # Every run starts from its preset's base committed in experiments/warm_starts/ (the trainer
@@ -241,7 +243,8 @@ def _report(ctx: items_lib.ProbeContext, runs: tuple[items_lib.Run, ...], why: s
                                    for r in runs):
         return []
     files = report.write_item(item, runs=runs, seeds=ctx.seeds, records_dir=ctx.records_dir,
-                              out_dir=ctx.out_dir, command=ctx.command, missing=why)
+                              out_dir=ctx.out_dir, command=ctx.command, missing=why,
+                              task=ctx.task)
     for section in () if why else item.sections:
         if lines := section(ctx):
             with open(files[0], "a") as f:
@@ -254,22 +257,25 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
     """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
     without `train`); returns the results files written."""
     preset, extra = _preset(task, smoke)
-    chosen = [items_lib.ITEMS[name] for name in names]
+    chosen = [items_registry.ITEMS[name] for name in names]
     labels = {r.label for item in chosen for r in item.runs}
     if unknown := set(only) - labels:
         raise SystemExit(f"--only {', '.join(sorted(unknown))}: no such run in "
                          f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
-    plan = [(item, item.runs[:1] if smoke else item.runs,  # (item, its runs, seeds, why not)
+    plan = [(item, item.smoke_runs if smoke else item.runs,  # (item, its runs, seeds, why not)
              1 if smoke else (seeds or item.min_seeds), item.missing()) for item in chosen]
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
     # items instead of idling at the end of each; probes run after the whole pool.
     jobs = {}
     for _, runs, n_seeds, why in plan:
+        # Each run's own seeds (a run may ask for more or fewer than its item; --smoke: 1).
+        per_run = {r.name: 1 if smoke else r.seeds(n_seeds) for r in runs}
         if not why:
-            jobs.update({(r.name, s): (r, s) for s in range(n_seeds) for r in runs
-                         if s < r.seeds(n_seeds) and (not only or r.label in only)})
+            jobs.update({(r.name, s): (r, s) for s in range(max(per_run.values(), default=0))
+                         for r in runs
+                         if s < per_run[r.name] and (not only or r.label in only)})
     if train:
         ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
                     runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
@@ -290,7 +296,7 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("item", help=f"one of {', '.join(items_lib.ORDER)}, several joined by "
+    p.add_argument("item", help=f"one of {', '.join(items_registry.ORDER)}, several joined by "
                    "commas (their runs train as one pool), or all")
     p.add_argument("--task", choices=tuple(TASKS), default="arith")
     p.add_argument("--seeds", type=int, default=None, help="seeds to train (default: the "
@@ -306,13 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
-    names = ([n for n in items_lib.ORDER if items_lib.planned(n, args.task)]
-             if args.item == "all" else args.item.split(","))
-    if bad := [n for n in names if n in items_lib.ITEMS and not items_lib.planned(n, args.task)]:
+    registry = items_registry.ITEMS
+    planned = [n for n, item in registry.items() if item.planned(args.task)]
+    names = planned if args.item == "all" else args.item.split(",")
+    if bad := [n for n in names if n in registry and n not in planned]:
         p.error(f"{', '.join(bad)}: not planned on --task {args.task} (its items: "
-                f"{', '.join(items_lib.TASK_ITEMS[args.task])})")
-    if bad := [n for n in names if n not in items_lib.ITEMS]:
-        p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(items_lib.ORDER)}, all")
+                f"{', '.join(planned)})")
+    if bad := [n for n in names if n not in registry]:
+        p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(registry)}, all")
     for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
                           smoke=args.smoke, out=out,
                           only=tuple(x for x in args.only.split(",") if x),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from experiments import items as items_lib
+from experiments import items_registry
 
 RULE = """\
 ## The rule
@@ -91,7 +91,7 @@ def write_summary(out: Path, tasks: tuple[str, ...]) -> Path:
              "| item | paper claim | " + " | ".join(f"on `{t}`" for t in tasks)
              + " | holds here? |",
              "|---|---|" + "---|" * len(tasks) + "---|"]
-    for name, item in items_lib.ITEMS.items():
+    for name, item in items_registry.ITEMS.items():
         verdicts = {t: _verdict(out, t, name) for t in tasks}
         cells = [v if v in UNLINKED else f"[{v}]({t}/{name}.md)" for t, v in verdicts.items()]
         judged = {t: v for t, v in verdicts.items() if v != NOT_PLANNED}
@@ -110,7 +110,7 @@ UNLINKED = ("not run yet", NOT_PLANNED)
 
 def _verdict(out: Path, task: str, name: str) -> str:
     """Item `name`'s verdict on `task` from its report, or why there is none."""
-    if not items_lib.planned(name, task):
+    if not items_registry.ITEMS[name].planned(task):
         return NOT_PLANNED
     js = out / task / f"{name}.json"
     return json.loads(js.read_text())["verdict"] if js.exists() else "not run yet"
@@ -125,7 +125,7 @@ def front_page_table(out: Path, tasks: tuple[str, ...], *, link_prefix: str) -> 
     Generated from the same reports as the summary, so the front page cannot drift from them."""
     lines = ["| item | " + " | ".join(f"`{t}`" for t in tasks) + " |",
              "|---|" + "---|" * len(tasks)]
-    for name, item in items_lib.ITEMS.items():
+    for name, item in items_registry.ITEMS.items():
         cells = []
         for t in tasks:
             v = _verdict(out, t, name)

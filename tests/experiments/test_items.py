@@ -1,6 +1,7 @@
-"""An item is one declaration in experiments/items.py: what its verdict reads is kept in its
-records, the driver and the report know no item by name, and a new item (a training grid with
-a note and a section, or a probe that trains nothing) takes one entry."""
+"""An item is one declaration (experiments/items_paper.py or items_recipe.py, of the types in
+experiments/items.py): what its verdict reads is kept in its records, the driver and the
+report know no item by name, and a new item (a training grid with a note and a section, or a
+probe that trains nothing) takes one entry."""
 
 import ast
 import json
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import items, reproduce
+from experiments import items, items_paper, reproduce
+from experiments import items_registry as registry
 from experiments.items import Item, Lazy, vs
 
 ROOT = Path(__file__).parents[2]
@@ -19,9 +21,9 @@ def _hooks(item: Item) -> list:
             *filter(None, [item.finals_axis and item.finals_axis.position])]
 
 
-@pytest.mark.parametrize("name", items.ORDER)
+@pytest.mark.parametrize("name", registry.ORDER)
 def test_what_a_verdict_reads_is_kept_in_the_records(name):
-    item, kept = items.ITEMS[name], set(reproduce.kept())
+    item, kept = registry.ITEMS[name], set(reproduce.kept())
     assert "eval_accuracy" in kept  # the SUMMARY_VALUES come from the evaluations
     for c in item.comparisons:
         for _, label, metric in c.terms:
@@ -33,20 +35,20 @@ def test_what_a_verdict_reads_is_kept_in_the_records(name):
 
 def test_an_item_whose_verdict_reads_an_untabulated_metric_is_refused():
     with pytest.raises(ValueError, match="comparison IBPO-GSPO vs GSPO reads 'reward_var'"):
-        Item("toy", "Toy", (items.GSPO, items.IBPO), {}, "claim",
+        Item("toy", "Toy", (items_paper.GSPO, items_paper.IBPO), {}, "claim",
              comparisons=(vs("IBPO-GSPO", "GSPO", metric="reward_var"),))
     with pytest.raises(ValueError, match="reads run 'PPO', not one of its runs"):
-        Item("toy", "Toy", (items.GSPO,), {}, "claim", comparisons=(vs("PPO", "GSPO"),))
+        Item("toy", "Toy", (items_paper.GSPO,), {}, "claim", comparisons=(vs("PPO", "GSPO"),))
     with pytest.raises(ValueError, match="item curves is declared twice"):
-        items.declare(items.ITEMS["curves"], items.ITEMS["curves"])
+        items.declare(registry.ITEMS["curves"], registry.ITEMS["curves"])
 
 
 def test_records_keep_what_every_item_tabulates_and_keeps(monkeypatch, tmp_path):
-    toy = Item("toy", "Toy", (items.GSPO,), {}, "claim", metrics=("toy_metric",),
+    toy = Item("toy", "Toy", (items_paper.GSPO,), {}, "claim", metrics=("toy_metric",),
                keeps=("toy_raw",))
     assert not {"toy_metric", "toy_raw"} & set(reproduce.kept())
-    monkeypatch.setattr(items, "ITEMS", items.declare(*items.ITEMS.values(), toy))
-    assert items.ORDER[-1] == "toy" and {"toy_metric", "toy_raw"} <= set(reproduce.kept())
+    monkeypatch.setattr(registry, "ITEMS", items.declare(*registry.ITEMS.values(), toy))
+    assert registry.ORDER[-1] == "toy" and {"toy_metric", "toy_raw"} <= set(reproduce.kept())
     (tmp_path / "config.json").write_text(json.dumps({"train": {"steps": 1, "budget": 0}}))
     (tmp_path / "metrics.jsonl").write_text(json.dumps(
         {"step": 1, "eval_accuracy": 0.5, "toy_metric": 1.0, "toy_raw": 2.0, "other": 3.0}))
@@ -54,21 +56,21 @@ def test_records_keep_what_every_item_tabulates_and_keeps(monkeypatch, tmp_path)
     assert rec["rows"] == [{"step": 1, "eval_accuracy": 0.5, "toy_metric": 1.0, "toy_raw": 2.0}]
 
 
-@pytest.mark.parametrize("name", items.ORDER)
+@pytest.mark.parametrize("name", registry.ORDER)
 def test_every_hook_an_item_names_resolves(name):
-    for hook in _hooks(items.ITEMS[name]):
+    for hook in _hooks(registry.ITEMS[name]):
         assert callable(hook.resolve() if isinstance(hook, Lazy) else hook), hook
     with pytest.raises(LookupError, match="hook experiments.items:nowhere"):
         Lazy("experiments.items:nowhere")()
 
 
-@pytest.mark.parametrize("module", ["reproduce", "report", "summary", "plots"])
+@pytest.mark.parametrize("module", ["reproduce", "report", "report_provenance", "summary", "plots"])
 def test_the_driver_and_the_report_know_no_item_by_name(module):
     src = (ROOT / "experiments" / f"{module}.py").read_text()
     assert "item.name ==" not in src and "item.name !=" not in src
     strings = {n.value for n in ast.walk(ast.parse(src))
                if isinstance(n, ast.Constant) and isinstance(n.value, str)}
-    assert not strings & set(items.ORDER), strings & set(items.ORDER)
+    assert not strings & set(registry.ORDER), strings & set(registry.ORDER)
 
 
 def _record(tmp_path: Path, run: items.Run, seed: int, final: float, toy: float) -> None:
@@ -87,15 +89,15 @@ def test_a_toy_training_item_is_one_entry(tmp_path, monkeypatch):
         seen.append(ctx)
         return ["", "## Toy section", "", f"{ctx.seeds} seeds, measured: {ctx.measure}"]
 
-    toy = Item("toy", "Toy: IBPO against GSPO", (items.GSPO, items.IBPO),
+    toy = Item("toy", "Toy: IBPO against GSPO", (items_paper.GSPO, items_paper.IBPO),
                {"IBPO-GSPO": "higher"}, "IBPO-GSPO ends higher", metrics=("toy_metric",),
                comparisons=(vs("IBPO-GSPO", "GSPO"),
                             vs("IBPO-GSPO", "GSPO", metric="toy_metric", expect="lower")),
                notes=(lambda s: f"toy note on {len(s)} runs",), sections=(section,))
-    monkeypatch.setattr(items, "ITEMS", items.declare(*items.ITEMS.values(), toy))
+    monkeypatch.setattr(registry, "ITEMS", items.declare(*registry.ITEMS.values(), toy))
     for seed in range(3):
-        _record(tmp_path, items.GSPO, seed, 0.50, toy=0.3)
-        _record(tmp_path, items.IBPO, seed, 0.60, toy=0.1)
+        _record(tmp_path, items_paper.GSPO, seed, 0.50, toy=0.3)
+        _record(tmp_path, items_paper.IBPO, seed, 0.60, toy=0.1)
     reproduce.main(["toy", "--report-only", "--out", str(tmp_path)])
     md = (tmp_path / "arith" / "toy.md").read_text()
     verdict = json.loads((tmp_path / "arith" / "toy.json").read_text())
@@ -127,14 +129,14 @@ def test_a_toy_probe_that_trains_nothing_is_one_entry(tmp_path, monkeypatch):
         return [md, js]
 
     toy = Item("toy_probe", "Toy probe", (), {}, "a probe's claim", min_seeds=3, probe=probe)
-    monkeypatch.setattr(items, "ITEMS", items.declare(*items.ITEMS.values(), toy))
+    monkeypatch.setattr(registry, "ITEMS", items.declare(*registry.ITEMS.values(), toy))
     written = reproduce.reproduce(["toy_probe"], task="arith", seeds=None, parallel=1,
                                   smoke=True, out=tmp_path)
     assert tmp_path / "arith" / "toy_probe.md" in written
     ctx = seen[-1]
     assert (ctx.smoke, ctx.measure, ctx.seeds, ctx.preset) == (True, True, 1, "smoke")
-    assert ctx.workdir(items.GSPO, 0) == tmp_path / "workdirs" / "arith" / "gspo_s0"
-    assert ctx.record(items.IBPO, 2) == tmp_path / "runs" / "arith" / "ibpo_gspo_s2.json"
+    assert ctx.workdir(items_paper.GSPO, 0) == tmp_path / "workdirs" / "arith" / "gspo_s0"
+    assert ctx.record(items_paper.IBPO, 2) == tmp_path / "runs" / "arith" / "ibpo_gspo_s2.json"
     assert "`python -m experiments.reproduce toy_probe --task arith --smoke`" in (
         tmp_path / "arith" / "toy_probe.md").read_text()
     assert "[measured 1 seeds](arith/toy_probe.md)" in (tmp_path / "README.md").read_text()

@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from experiments import gradient_probe, items, plots, provenance, report, reproduce, stats, summary
+from experiments import (
+    gradient_probe,
+    items,
+    items_paper,
+    plots,
+    provenance,
+    report,
+    reproduce,
+    stats,
+    summary,
+)
+from experiments import items_registry as registry
+from experiments import report_provenance as prov
 
 ROOT = Path(__file__).parents[2]
 
@@ -27,14 +39,14 @@ def smoke_out(tmp_path_factory, smoke_data_dir):
     return out, proc.stdout
 
 
-@pytest.mark.parametrize("name", items.ORDER)
+@pytest.mark.parametrize("name", registry.ORDER)
 def test_every_item_writes_a_parsable_result(smoke_out, name):
     out, _ = smoke_out
     md = (out / "arith" / f"{name}.md").read_text()
     verdict = json.loads((out / "arith" / f"{name}.json").read_text())
     assert verdict["verdict"]
     assert f"python -m experiments.reproduce {name} --task arith --smoke" in md
-    if items.ITEMS[name].missing():
+    if registry.ITEMS[name].missing():
         assert verdict["verdict"] == "not run" and "**Not run**" in md
         return
     if name == "credit":  # a probe, no runs: one row per signal, rates in percent
@@ -56,18 +68,18 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         share = float(cells[gradient_probe.KEYS.index("grad_share_before_error")])
         assert 0 <= share <= 1 and float(cells[0]) > 0, row
         assert (out / "runs" / "arith" / "gradient_probe_s0.json").exists()
-    # The first run's row: its final accuracy is a number in percent, and the plot exists.
+    # The smoke run's row: its final accuracy is a number in percent, and the plot exists.
     row = next(line for line in md.splitlines()
-               if line.startswith(f"| {items.ITEMS[name].runs[0].label} |"))
+               if line.startswith(f"| {registry.ITEMS[name].smoke_runs[0].label} |"))
     final = row.split("|")[4].strip()
     assert re.fullmatch(r"\d+\.\d", final), row
     assert (out / "arith" / f"{name}.png").stat().st_size > 1000
 
 
 def test_cancellation_verdict_judges_each_fix_and_reports_the_mechanisms(tmp_path):
-    item = items.ITEMS["cancellation"]
-    fixed = {a for a, _ in items.CANCELLATION_FIXES}
-    assert {b for _, b in items.CANCELLATION_FIXES} | fixed == {r.label for r in item.runs}
+    item = registry.ITEMS["cancellation"]
+    fixed = {a for a, _ in items_paper.CANCELLATION_FIXES}
+    assert {b for _, b in items_paper.CANCELLATION_FIXES} | fixed == {r.label for r in item.runs}
     (tmp_path / "runs").mkdir()
     for r in item.runs:
         # Only min_replace wins (by 5 points); M1: seq_mean_token_mean's residual is larger.
@@ -117,10 +129,10 @@ def test_summary_says_whether_each_claim_holds_across_the_tasks():
 def test_summary_links_every_item_and_records_are_compact(smoke_out):
     out, stdout = smoke_out
     summary = (out / "README.md").read_text()
-    for name in items.ORDER:
+    for name in registry.ORDER:
         assert f"(arith/{name}.md)" in summary
     # Training records stay compact; a probe's (its histograms per node class) under 40 KB.
-    probes = {f"{n}_s0.json" for n in items.ORDER if not items.ITEMS[n].runs}
+    probes = {f"{n}_s0.json" for n in registry.ORDER if not registry.ITEMS[n].runs}
     records = [r for r in (out / "runs" / "arith").glob("*.json") if r.name not in probes]
     assert records and all(r.stat().st_size < 20_000 for r in records)
     assert all((out / "runs" / "arith" / p).stat().st_size < 40_000
@@ -211,7 +223,8 @@ def test_minutes_per_run_leave_a_pause_out():
 def test_variants_are_judged_against_gspo_with_the_same_normalization():
     s = {"GSPO": [0.50, 0.51, 0.50], "GSPO no std division": [0.30, 0.31, 0.30],
          "no std division": [0.40, 0.41, 0.40], "token credit": [0.45, 0.46, 0.45]}
-    short, why = report.verdict(items.ITEMS["variants"], {k: {"final": v} for k, v in s.items()})
+    short, why = report.verdict(registry.ITEMS["variants"],
+                                {k: {"final": v} for k, v in s.items()})
     assert short == "holds (1/7 for, 1 against)"  # "some variant": one win is enough
     assert "no std division vs GSPO no std division: +10.0 pts [" in why
     assert "token credit vs GSPO: -5.0 pts [" in why and "lower (against the paper)" in why
@@ -229,7 +242,7 @@ def test_holm_matches_hand_values():
 def test_a_variant_that_wins_only_before_the_correction_does_not_settle_the_claim():
     # IBPO-GSPO higher at Welch p = 0.02 (t = 4.8): a win alone, not one of 7 cells' family.
     s = {"GSPO": [0.318, 0.322, 0.317], "IBPO-GSPO": [0.327, 0.328, 0.325]}
-    item = items.ITEMS["variants"]
+    item = registry.ITEMS["variants"]
     assert stats.welch(s["IBPO-GSPO"], s["GSPO"]).p < 0.05
     short, why = report.verdict(item, {k: {"final": v} for k, v in s.items()})
     assert short == "incomplete (0/7 for, 0 against)" and "Holm p 0.14" in why
@@ -243,14 +256,14 @@ def test_a_variant_that_wins_only_before_the_correction_does_not_settle_the_clai
 
 def test_variants_without_a_win_stay_incomplete_while_a_cell_has_one_seed():
     level = [0.50, 0.51, 0.50]
-    s = {r.label: level for r in items.ITEMS["variants"].runs} | {"token credit": [0.49]}
+    s = {r.label: level for r in registry.ITEMS["variants"].runs} | {"token credit": [0.49]}
     summaries = {k: {"final": v} for k, v in s.items()}
-    assert report.verdict(items.ITEMS["variants"], summaries)[0].startswith("incomplete")
+    assert report.verdict(registry.ITEMS["variants"], summaries)[0].startswith("incomplete")
     summaries["token credit"] = {"final": [0.49, 0.50, 0.50]}
-    assert report.verdict(items.ITEMS["variants"], summaries)[0] == (
+    assert report.verdict(registry.ITEMS["variants"], summaries)[0] == (
         "not shown (0/7 for, 0 against)")
     summaries["λ=4.0"] = {"final": [0.01, 0.02]}  # a collapse: against, no win
-    assert report.verdict(items.ITEMS["variants"], summaries)[0] == (
+    assert report.verdict(registry.ITEMS["variants"], summaries)[0] == (
         "does not hold (0/7 for, 1 against)")
 
 
@@ -271,23 +284,23 @@ def test_verdict_words_are_a_function_of_the_counts():
 
 
 def test_table2b_compares_lambda_half_with_every_other_lambda_and_gspo():
-    item = items.ITEMS["table2b"]
+    item = registry.ITEMS["table2b"]
     names = [c.name for c in item.comparisons]
     assert names == ["λ=0.5 vs GSPO", "λ=0.5 vs λ=0.1", "λ=0.5 vs λ=0.3", "λ=0.5 vs λ=0.7",
                      "λ=0.5 vs λ=1.0", "λ=0.5 vs λ=2.0", "GSPO vs λ=2.0"]
-    assert "IBPO-GSPO vs GSPO" in [c.name for c in items.ITEMS["table2a"].comparisons]
+    assert "IBPO-GSPO vs GSPO" in [c.name for c in registry.ITEMS["table2a"].comparisons]
     high, low = [0.60, 0.61, 0.60], [0.50, 0.51, 0.50]
     judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
     short, why = judge({"GSPO": low, "λ=0.5": high})  # one won, six unrecorded
     assert short == "incomplete (1/7 for, 0 against)" and "6 not judged yet" in why
     assert judge({"GSPO": high, "λ=0.5": low})[0] == "incomplete (0/7 for, 1 against)"
-    cells = {f"λ={lam}": low for lam in items.LAMBDAS} | {"λ=0.5": high, "GSPO": low}
+    cells = {f"λ={lam}": low for lam in items_paper.LAMBDAS} | {"λ=0.5": high, "GSPO": low}
     assert judge(cells)[0] == "partly (6/7 for, 0 against)"  # λ=2 level with GSPO
     assert judge(cells | {"λ=2.0": [0.40, 0.41, 0.40]})[0] == "holds (7/7 for, 0 against)"
 
 
 def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_path):
-    item = items.ITEMS["speed"]
+    item = registry.ITEMS["speed"]
     (tmp_path / "runs").mkdir()
 
     def write(ibpo_curve):
@@ -318,7 +331,7 @@ def test_speed_asks_ibpo_to_reach_gspos_final_in_38_percent_of_the_steps(tmp_pat
 
 
 def test_sizes_asks_for_a_larger_gain_at_the_larger_size():
-    item = items.ITEMS["sizes"]
+    item = registry.ITEMS["sizes"]
     assert [r.label for r in item.runs] == ["GSPO 0.5x", "IBPO 0.5x", "GSPO", "IBPO-GSPO"]
     judge = lambda s: report.verdict(item, {k: {"final": v} for k, v in s.items()})  # noqa
     low, mid, high = [0.40, 0.41, 0.40], [0.50, 0.51, 0.50], [0.60, 0.61, 0.60]
@@ -403,10 +416,12 @@ def test_sweep_cells_that_reuse_the_default_run_are_the_default(preset):
     from configs import base
 
     cfg = base.make("ibpo_gspo", preset)
-    assert cfg.ibpo.lam == items.DEFAULT_LAM
-    assert cfg.rollout.group_size == items.DEFAULT_G
-    assert cfg.rollout.prompts_per_step * cfg.rollout.group_size == items.TRAJECTORIES_PER_STEP
-    cells = {r.label: r for r in items.ITEMS["table2b"].runs + items.ITEMS["group_size"].runs}
+    assert cfg.ibpo.lam == items_paper.DEFAULT_LAM
+    assert cfg.rollout.group_size == items_paper.DEFAULT_G
+    assert cfg.rollout.prompts_per_step * cfg.rollout.group_size == \
+        items_paper.TRAJECTORIES_PER_STEP
+    cells = {r.label: r for r in registry.ITEMS["table2b"].runs
+             + registry.ITEMS["group_size"].runs}
     assert cells["λ=0.5"].name == "ibpo_gspo"
     assert cells["GSPO G=8"].name == "gspo" and cells["IBPO G=8"].name == "ibpo_gspo"
     assert cells["λ=0.3"].overrides == (("ibpo.lam", "0.3"),)
@@ -414,9 +429,9 @@ def test_sweep_cells_that_reuse_the_default_run_are_the_default(preset):
     # default loss, and logging the drift is all the run adds.
     grpo = base.make("grpo", preset)
     assert (grpo.loss.aggregation, grpo.cancellation.transform) == (
-        items.DEFAULT_AGGREGATION, items.DEFAULT_TRANSFORM)
-    cancel = {r.label: r for r in items.ITEMS["cancellation"].runs}
-    optim = {r.label: r for r in items.ITEMS["optimizers"].runs}
+        items_paper.DEFAULT_AGGREGATION, items_paper.DEFAULT_TRANSFORM)
+    cancel = {r.label: r for r in registry.ITEMS["cancellation"].runs}
+    optim = {r.label: r for r in registry.ITEMS["optimizers"].runs}
     assert cancel["seq_mean_token_mean / none"].name == optim["GRPO"].name
     assert optim["GRPO"].overrides == (("cancellation.log_drift", "True"),)
     assert cancel["token_mean / none"].name != optim["GRPO"].name
@@ -432,7 +447,7 @@ def test_records_from_different_bases_are_not_compared(tmp_path):
     for s, base in enumerate(({"sha256": "a"}, {"sha256": "b"}, {"sha256": "a"})):
         (recs / f"gspo_s{s}.json").write_text(json.dumps(record(base, 0.5)))
         (recs / f"ibpo_gspo_s{s}.json").write_text(json.dumps(record({"sha256": "a"}, 0.6)))
-    item = items.ITEMS["curves"]
+    item = registry.ITEMS["curves"]
     report.write_item(item, runs=item.runs, seeds=3, records_dir=recs, out_dir=tmp_path,
                       command="test", missing="")
     assert json.loads((tmp_path / "curves.json").read_text())["verdict"] == "mixed bases"
@@ -443,13 +458,13 @@ def test_two_bases_are_mixed_only_when_one_config_has_two_sets_of_weights():
         return [{"base": {"source": source, "sha256": sha}}] * 2
 
     # C.1: each size starts from its own base, by design.
-    assert report.mixed_bases({"GSPO 0.5x": recs("arith_half", "1"),
+    assert prov.mixed_bases({"GSPO 0.5x": recs("arith_half", "1"),
                                "GSPO": recs("arith_default", "2")}) == ""
     # The same warm-start config made on two hosts: two sets of weights.
-    assert "arith_default has 2" in report.mixed_bases({"GSPO": recs("arith_default", "2"),
+    assert "arith_default has 2" in prov.mixed_bases({"GSPO": recs("arith_default", "2"),
                                                         "IBPO": recs("arith_default", "3")})
     # A run's seeds on two bases.
-    assert "seeds of GSPO" in report.mixed_bases(
+    assert "seeds of GSPO" in prov.mixed_bases(
         {"GSPO": recs("arith_default", "2") + recs("arith_half", "1")})
 
 
@@ -458,7 +473,7 @@ def test_steps_to_the_baseline_count_against_gspo_on_the_same_base(tmp_path):
         return {"base": {"source": source, "sha256": source}, "config": {},
                 "rows": [{"step": 50 * i, "eval_accuracy": a} for i, a in enumerate(accs)]}
 
-    item = items.ITEMS["sizes"]
+    item = registry.ITEMS["sizes"]
     recs = {"GSPO 0.5x": record("half", [0.50, 0.52, 0.54]),
             "IBPO 0.5x": record("half", [0.50, 0.54, 0.55]),
             "GSPO": record("default", [0.20, 0.30, 0.40]),
@@ -505,7 +520,7 @@ def test_report_only_reads_every_recorded_seed(tmp_path, monkeypatch):
             rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.5 + s}]
             (recs / f"{name}_s{s}.json").write_text(
                 json.dumps({"base": None, "config": {}, "rows": rows}))
-    assert items.ITEMS["curves"].min_seeds == 2
+    assert registry.ITEMS["curves"].min_seeds == 2
     reproduce.main(["curves", "--report-only", "--out", str(tmp_path)])
     text = (tmp_path / "arith" / "curves.md").read_text()
     assert "| GSPO | 3 |" in text and "| IBPO-GSPO | 2 |" in text
@@ -549,7 +564,7 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     recs = tmp_path / "runs" / "arith"
     recs.mkdir(parents=True)
     rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.55}]
-    item = items.ITEMS["variants"]
+    item = registry.ITEMS["variants"]
     for r in item.runs:
         for s in range(3):
             (recs / f"{r.name}_s{s}.json").write_text(
@@ -584,8 +599,8 @@ def test_every_run_of_the_grid_starts_from_a_committed_base(task, tmp_path, monk
     monkeypatch.setenv("IBPO_DATA_DIR", str(tmp_path))  # not the user's cache
     preset, extra = reproduce.TASKS[task]
     missing = set()
-    for run in {r for name, item in items.ITEMS.items() for r in item.runs
-                if items.planned(name, task)}:
+    for run in {r for name, item in registry.ITEMS.items() for r in item.runs
+                if registry.ITEMS[name].planned(task)}:
         cmd = reproduce.command(run, task=task, preset=preset, seed=0, workdir=tmp_path,
                                 extra=extra)
         _, cfg = train.parse(cmd[3:])
@@ -608,11 +623,11 @@ def _synthetic_records(item: items.Item, recs, *, seeds: int = 3, extra: dict | 
                 {"base": None, "config": {"seed": s}, "rows": rows, **(extra or {})}))
 
 
-@pytest.mark.parametrize("name", [n for n in items.ORDER if items.ITEMS[n].runs])
+@pytest.mark.parametrize("name", [n for n in registry.ORDER if registry.ITEMS[n].runs])
 def test_every_items_plot_renders_with_labels_and_a_caption(name, tmp_path, monkeypatch):
     import matplotlib.figure
 
-    item = items.ITEMS[name]
+    item = registry.ITEMS[name]
     _synthetic_records(item, tmp_path / "runs")
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
@@ -656,19 +671,19 @@ def test_panels_hold_at_most_five_runs_each_beside_the_baseline():
         assert all(len(p) <= plots.PER_PANEL and p[0] == "0" for p in panels)
         assert {x for p in panels for x in p} == set(labels)
     # Each IBPO beside its base optimizer (C.4): whole pairs share a panel.
-    item = items.ITEMS["optimizers"]
+    item = registry.ITEMS["optimizers"]
     assert plots.panels_of([r.label for r in item.runs],
                            pairs=[c.labels for c in item.comparisons]) == [
         ["GRPO", "IBPO-GRPO", "GSPO", "IBPO-GSPO"], ["PPO", "IBPO-PPO"]]
     # The cancellation grid: a panel per aggregation, every run in one.
-    item = items.ITEMS["cancellation"]
+    item = registry.ITEMS["cancellation"]
     assert sorted(x for p in item.panels for x in p) == sorted(r.label for r in item.runs)
     looks = {tuple(plots.style(i).values()) for i in range(28)}
     assert len(looks) == 28 and all(plots.style(i)["color"] != "#000000" for i in range(1, 28))
 
 
 def test_reports_name_code_truncation_shared_runs_and_unequal_seeds(tmp_path):
-    item = items.ITEMS["curves"]
+    item = registry.ITEMS["curves"]
     recs = tmp_path / "runs"
     _synthetic_records(item, recs, seeds=3, extra={"commit": "a" * 40, "dirty": False})
     gspo = item.runs[0]
@@ -688,7 +703,7 @@ def test_reports_name_code_truncation_shared_runs_and_unequal_seeds(tmp_path):
     assert "GSPO (`gspo`) is also a run of table2a, table2b, speed, sizes" in md
     assert "the comparison IBPO-GSPO vs GSPO" not in md  # C.2 compares rewards, not accuracy
     assert "counted in table2a, table2b" in (
-        report.shared_runs(items.ITEMS["optimizers"])[-1])
+        prov.shared_runs(registry.ITEMS["optimizers"])[-1])
 
 
 def test_backfill_adds_provenance_and_never_a_measured_value(tmp_path):
