@@ -40,3 +40,24 @@ def smoke_data_dir(tmp_path_factory):
     """One data + warm-start directory per test process: the smoke preset's base policy is
     trained once (about 30 s) and shared by every test that runs the trainer."""
     return tmp_path_factory.mktemp("smoke_data")
+
+
+@pytest.fixture
+def one_device(monkeypatch):
+    """make_mesh over the first data*fsdp*tensor devices of the test process's 8."""
+    from tests.trainer import knob_harness
+
+    knob_harness.use_first_devices(monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def plain_smoke_rows(smoke_data_dir, tmp_path_factory):
+    """The metrics of the plain `smoke` run (IBPO-GSPO, 4 steps) on one device, run once per
+    test process for the tests that compare a knob's run with it."""
+    from ibpo_jax.trainer import loop
+    from tests.trainer import knob_harness
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        knob_harness.use_first_devices(monkeypatch)
+        return loop.run(knob_harness.smoke_cfg(smoke_data_dir, knob_harness.ONE),
+                        workdir=tmp_path_factory.mktemp("plain_smoke"))

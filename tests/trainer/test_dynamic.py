@@ -12,17 +12,7 @@ from ibpo_jax import advantages, config, models
 from ibpo_jax.config_schema import ConfigError
 from ibpo_jax.trainer import dynamic, packing, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
-from tests.trainer.test_step import (
-    ARCH,
-    GROUP0,
-    GROUP1,
-    REWARDS0,
-    REWARDS1,
-    _credit,
-    _plan,
-    _rollout,
-    _spec,
-)
+from tests.trainer.test_step import ARCH, _credit, _plan, _spec, _two_groups
 
 
 def test_overlong_penalty_is_dapo_eq13_by_hand():
@@ -111,7 +101,7 @@ def test_all_wrong_group_has_no_phantom_advantage(algo, credit):
     non-zero shaping there would be blown up to full size by the std division."""
     _, spec = _spec(algo, **{"ibpo.credit": credit})
     assert spec.advantage.normalize_std and spec.ibpo.lam > 0
-    cred, _ = _credit(spec, _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1]))
+    cred, _ = _credit(spec, _two_groups())
     np.testing.assert_array_equal(np.asarray(cred.phi)[1], 0.0)
     np.testing.assert_array_equal(np.asarray(cred.shaped)[1], -1.0)
     np.testing.assert_array_equal(np.asarray(cred.adv)[4:], 0.0)
@@ -143,7 +133,7 @@ def test_overlong_filter_takes_truncated_rows_out_of_the_loss():
     loss, so the update is the same whatever they are; its advantage was computed with it in
     the group's statistics. Without the filter the update changes with them."""
     cfg, spec = _spec("ibpo_gspo", **{"reward.overlong": "filter", "optim.layout": "rows"})
-    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+    rollout = _two_groups()
     rollout = rollout._replace(ended=rollout.ended.at[1].set(False))
     cred, _ = _credit(spec, rollout)
     assert float(cred.adv[1]) != 0.0  # in the group statistics, as DAPO's filter

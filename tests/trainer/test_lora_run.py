@@ -2,38 +2,26 @@
 which is π_ref, is bitwise unchanged and has no second copy; the optimizer state is the
 adapters'), and a `smoke` run matches on the (2, 2, 2) mesh and resumes bitwise."""
 
-import shutil
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
-from ibpo_jax import config
 from ibpo_jax.models import lora
 from ibpo_jax.trainer import loop
-from ibpo_jax.trainer.logs import read_metrics
-from tests.methods.test_methods import EXACT, _assert_close, _comparable, one_device  # noqa: F401
+from tests.trainer.knob_harness import EXACT, ONE, run_match_mesh_resume, smoke_cfg
 
 LORA = {"model.lora.rank": 4, "model.lora.alpha": 8.0, "model.lora.targets": "q,v,o,up,down"}
-
-
-@pytest.fixture(scope="module")
-def data_dir(smoke_data_dir):
-    return smoke_data_dir
-
-
-def _cfg(data_dir, **extra):
-    items = {"task.data_dir": data_dir, "train.steps": 4, **LORA, **extra}
-    return config.load("configs/ibpo_gspo.py:smoke", [(k, str(v)) for k, v in items.items()])
 
 
 def _host(tree):
     return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
 
 
-def test_update_changes_only_the_adapters(data_dir, tmp_path, one_device):  # noqa: F811
-    cfg = _cfg(data_dir, **{"mesh.data": 1})
+@pytest.mark.usefixtures("one_device")
+def test_update_changes_only_the_adapters(smoke_data_dir, tmp_path):
+    cfg = smoke_cfg(smoke_data_dir, {**LORA, **ONE})
     trainer = loop.Trainer(cfg, tmp_path)
     try:
         base, before = _host(trainer.base.params), _host(trainer.state.params)
@@ -59,25 +47,21 @@ def test_update_changes_only_the_adapters(data_dir, tmp_path, one_device):  # no
         trainer.close()
 
 
-def test_lora_run_matches_the_mesh_and_resumes_bitwise(data_dir, tmp_path,
-                                                       one_device):  # noqa: F811
-    one = loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "one")
-    assert [r["step"] for r in one] == [0, 1, 2, 3, 4]
+@pytest.mark.usefixtures("one_device")
+def test_lora_run_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tmp_path):
+    one = run_match_mesh_resume(smoke_data_dir, tmp_path, LORA, exact=EXACT + ("reward_mean",))
     # π_ref is the base with the adapters off: KL 0 while B = 0 (step 1), then the adapters
     # move the policy off it (were π_ref the adapted policy, it would stay 0)
     # (measured on two smoke bases: 0.0 at step 1, then 2e-8 to 6e-7)
     kl = [r["kl"] for r in one[1:]]
     assert abs(kl[0]) < 1e-9 and min(kl[1:]) > 1e-9, kl
-    mesh = loop.run(_cfg(data_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}),
-                    workdir=tmp_path / "mesh")
-    _assert_close(mesh, one, EXACT + ("reward_mean",))
 
     # The export is the base with the adapters folded in: the targets' weights moved off the
     # base's, the others are the base's bit for bit; the PEFT adapter beside it.
     from safetensors.numpy import load_file
 
     got = load_file(str(tmp_path / "one" / "hf_final" / "model.safetensors"))
-    (base_file,) = Path(data_dir).glob("warm_start/*/model.safetensors")
+    (base_file,) = Path(smoke_data_dir).glob("warm_start/*/model.safetensors")
     base = load_file(str(base_file))
     assert got.keys() == base.keys()
     for name, target in (("self_attn.q_proj", True), ("mlp.up_proj", True),
@@ -87,10 +71,3 @@ def test_lora_run_matches_the_mesh_and_resumes_bitwise(data_dir, tmp_path,
     peft = load_file(str(tmp_path / "one" / "hf_final" / "peft_adapter" /
                          "adapter_model.safetensors"))
     assert len(peft) == 2 * 5 * 2  # (A, B) x 5 targets x 2 layers
-
-    shutil.copytree(tmp_path / "one", tmp_path / "resumed")
-    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
-    shutil.rmtree(tmp_path / "resumed" / "hf_final")
-    loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "resumed")
-    resumed = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
-    assert _comparable(resumed) == _comparable(one)

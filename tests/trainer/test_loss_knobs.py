@@ -3,30 +3,17 @@
 token TIS and an entropy bonus on one device, on the (2, 2, 2) mesh and killed / resumed."""
 
 import functools
-import shutil
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import config, models
-from ibpo_jax.trainer import evaluation, loop, packing, step
-from ibpo_jax.trainer.logs import read_metrics
+from ibpo_jax import models
+from ibpo_jax.trainer import evaluation, packing, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
-from tests.methods.test_methods import EXACT, _assert_close, _comparable, one_device  # noqa: F401
-from tests.trainer.test_step import (
-    ARCH,
-    GROUP0,
-    GROUP1,
-    REWARDS0,
-    REWARDS1,
-    P,
-    _credit,
-    _plan,
-    _rollout,
-    _spec,
-)
+from tests.trainer.knob_harness import EXACT, run_match_mesh_resume
+from tests.trainer.test_step import ARCH, GROUP0, GROUP1, P, _credit, _plan, _spec, _two_groups
 
 
 def _model_passes(monkeypatch, spec, cfg, rollout) -> int:
@@ -45,7 +32,7 @@ def _model_passes(monkeypatch, spec, cfg, rollout) -> int:
 
 
 def test_beta_zero_skips_the_reference_pass_in_both_modes(monkeypatch):
-    rollout = _rollout(GROUP0 + GROUP1, REWARDS0 + REWARDS1)
+    rollout = _two_groups()
     passes = {}
     for beta in (0.0, 0.1):
         for kl_in in ("loss", "reward"):
@@ -62,7 +49,7 @@ def test_reward_kl_is_beta_times_the_rows_summed_estimate():
                                     "loss.kl_in": "reward", "optim.layout": "packed"})
     rows = GROUP0 + GROUP1
     rng = np.random.default_rng(0)
-    rollout = _rollout(rows, REWARDS0 + REWARDS1)
+    rollout = _two_groups()
     rollout = rollout._replace(sample_logp=jnp.asarray(-rng.uniform(0.1, 3.0, (8, 8)),
                                                        jnp.float32))
     ref = models.init(ARCH, jax.random.key(7)).params
@@ -79,7 +66,7 @@ def test_reward_kl_is_beta_times_the_rows_summed_estimate():
 
 def test_credit_takes_the_kl_penalty_off_the_reward_it_trains_on():
     _, spec = _spec("ibpo_gspo")
-    rollout = _rollout(GROUP0 + GROUP1, REWARDS0 + REWARDS1)
+    rollout = _two_groups()
     pen = jnp.array([0.1, 0.3, -0.2, 0.0, 0.05, 0.2, 0.0, 0.1])
     cred, m = _credit(spec, rollout._replace(kl_penalty=pen))
     shifted, _ = _credit(spec, rollout._replace(reward=rollout.reward - pen))
@@ -121,34 +108,12 @@ KNOBS = {"loss.beta": 0.05, "loss.kl_estimator": "k1", "loss.kl_in": "reward",
          "loss.tis": "token", "loss.entropy_coef": 0.01, "advantage.normalize_std": False}
 
 
-@pytest.fixture(scope="module")
-def data_dir(smoke_data_dir):
-    return smoke_data_dir
-
-
-def _cfg(data_dir, **extra):
-    items = {"task.data_dir": data_dir, "train.steps": 4, **KNOBS, **extra}
-    return config.load("configs/ibpo_gspo.py:smoke", [(k, str(v)) for k, v in items.items()])
-
-
 @pytest.mark.usefixtures("one_device")
-def test_loss_knobs_run_match_the_mesh_and_resume_bitwise(data_dir, tmp_path):
-    ref = loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "one")
-    assert [r["step"] for r in ref] == [0, 1, 2, 3, 4]
+def test_loss_knobs_run_match_the_mesh_and_resume_bitwise(smoke_data_dir, tmp_path):
+    ref = run_match_mesh_resume(smoke_data_dir, tmp_path, KNOBS, exact=EXACT + ("reward_mean",))
     for r in ref[1:]:
         assert r["kl_reward"] != 0 and "kl" not in r  # β·KL in the reward, not in the loss
         # One device in fp32: sampler and trainer agree to rounding (k3 of ~1e-7 gaps).
         assert abs(r["mismatch_kl"]) < 1e-6 and 0 <= r["tis_capped_frac"] <= 1
         assert r["entropy_loss"] < 0  # -coef · entropy
     assert all(r["eval_entropy"] > 0 for r in ref if "eval_accuracy" in r)
-
-    mesh = loop.run(_cfg(data_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}),
-                    workdir=tmp_path / "mesh")
-    _assert_close(mesh, ref, EXACT + ("reward_mean",))
-
-    # Killed after the step-2 checkpoint: its later checkpoint and export are gone.
-    shutil.copytree(tmp_path / "one", tmp_path / "resumed")
-    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
-    shutil.rmtree(tmp_path / "resumed" / "hf_final")
-    loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "resumed")
-    assert _comparable(read_metrics(tmp_path / "resumed" / "metrics.jsonl")) == _comparable(ref)

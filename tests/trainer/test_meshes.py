@@ -8,18 +8,7 @@ import pytest
 
 from ibpo_jax import config, sharding
 from ibpo_jax.trainer import loop, offpolicy
-from tests.methods.test_methods import _assert_close, one_device  # noqa: F401
-from tests.trainer.test_offpolicy import EXACT
-
-
-@pytest.fixture(scope="module")
-def data_dir(smoke_data_dir):
-    return smoke_data_dir
-
-
-def _cfg(data_dir, **extra):
-    items = {"task.data_dir": data_dir, "train.steps": 4, **extra}
-    return config.load("configs/ibpo_gspo.py:smoke", [(k, str(v)) for k, v in items.items()])
+from tests.trainer.knob_harness import MESH, SMOKE_EXACT, assert_close, smoke_cfg
 
 
 def _mesh(**items):
@@ -46,15 +35,16 @@ def test_rollout_devices_split_or_share_the_machine():
 
 
 @pytest.mark.usefixtures("one_device")
-def test_split_meshes_sample_apart_with_the_metrics_of_one_device(data_dir, tmp_path):
-    one = loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "one")
+def test_split_meshes_sample_apart_with_the_metrics_of_one_device(smoke_data_dir, tmp_path,
+                                                                  plain_smoke_rows):
+    one = plain_smoke_rows
     assert "time_reshard_s" not in one[1]  # one mesh: no resharding, today's rows
-    split = loop.run(_cfg(data_dir, **{"mesh.data": -1, "mesh.rollout.devices": 4,
-                                       "mesh.rollout.dedicated": True}),
+    split = loop.run(smoke_cfg(smoke_data_dir, {"mesh.data": -1, "mesh.rollout.devices": 4,
+                                                "mesh.rollout.dedicated": True}),
                      workdir=tmp_path / "split")
-    _assert_close(split, one, EXACT[:-1])
+    assert_close(split, one, SMOKE_EXACT)
     assert all(r["time_reshard_s"] > 0 for r in split[1:])
-    shared = loop.run(_cfg(data_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
-                                        "mesh.rollout.devices": 8, "mesh.rollout.tensor": 2}),
+    shared = loop.run(smoke_cfg(smoke_data_dir, {**MESH, "mesh.rollout.devices": 8,
+                                                 "mesh.rollout.tensor": 2}),
                       workdir=tmp_path / "shared")
-    _assert_close(shared, one, EXACT[:-1])
+    assert_close(shared, one, SMOKE_EXACT)

@@ -5,7 +5,6 @@ device and the (2, 2, 2) mesh agree, a run killed after its step-2 checkpoint (a
 for step 3) resumes bitwise; the pending batch's record round-trips exactly."""
 
 import math
-import shutil
 
 import jax
 import numpy as np
@@ -14,20 +13,13 @@ import pytest
 from ibpo_jax import config, sampling
 from ibpo_jax.config_schema import ConfigError
 from ibpo_jax.trainer import loop, offpolicy
-from tests.methods.test_methods import _assert_close, _comparable, one_device  # noqa: F401
+from tests.trainer.knob_harness import (
+    SMOKE_EXACT,
+    comparable,
+    run_match_mesh_resume,
+)
 
-EXACT = ("accuracy", "eval_accuracy", "response_len_mean", "budget_trajectories", "reward_mean",
-         "policy_lag")
-
-
-@pytest.fixture(scope="module")
-def data_dir(smoke_data_dir):
-    return smoke_data_dir
-
-
-def _cfg(data_dir, **extra):
-    items = {"task.data_dir": data_dir, "train.steps": 4, **extra}
-    return config.load("configs/ibpo_gspo.py:smoke", [(k, str(v)) for k, v in items.items()])
+EXACT = (*SMOKE_EXACT, "policy_lag")
 
 
 def test_off_policy_steps_takes_0_or_1_with_the_samplers_own_log_probs():
@@ -77,16 +69,19 @@ def test_the_pool_is_scored_by_one_thread_at_a_time():
 
 
 @pytest.mark.usefixtures("one_device")
-def test_off_policy_runs_matches_the_mesh_and_resumes_bitwise(data_dir, tmp_path):
-    on = loop.run(_cfg(data_dir, **{"mesh.data": 1}), workdir=tmp_path / "on")
-    ref = loop.run(_cfg(data_dir, **{"mesh.data": 1, "rollout.off_policy_steps": 1}),
-                   workdir=tmp_path / "one")
-    assert [r["step"] for r in ref] == [0, 1, 2, 3, 4]
+def test_off_policy_runs_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tmp_path,
+                                                              plain_smoke_rows):
+    on = plain_smoke_rows
+    ref = run_match_mesh_resume(smoke_data_dir, tmp_path, {"rollout.off_policy_steps": 1},
+                                exact=EXACT)
+    # The step-2 checkpoint the harness resumed from was written while step 3's batch was pending.
+    meta = loop.Checkpointer(tmp_path / "one" / "checkpoints").meta(2)
+    assert meta[offpolicy.PENDING_KEY] and meta["data_position"] == 2 * 4
     assert [r["policy_lag"] for r in ref[1:]] == [0, 1, 1, 1]
     assert "policy_lag" not in on[1]  # off_policy_steps 0: today's rows
     # Step 1 is sampled on-policy: the same batch; π_old is the sampler's log-probs instead of
     # the update's own pass, equal up to float rounding.
-    (a,), (b,) = _comparable([on[1]]), _comparable([ref[1]])
+    (a,), (b,) = comparable([on[1]]), comparable([ref[1]])
     for key in a:
         assert math.isclose(a[key], b[key], rel_tol=1e-3, abs_tol=1e-4), (key, a[key], b[key])
     # Later batches were sampled one step behind, and their ratios are to that policy: the
@@ -101,20 +96,6 @@ def test_off_policy_runs_matches_the_mesh_and_resumes_bitwise(data_dir, tmp_path
     assert [r["budget_trajectories"] for r in ref[1:]] == [16, 32, 48, 64]
     for r in ref[2:]:  # the phases and the step's wall time are logged
         assert r["time_step_s"] > 0 and r["time_update_s"] > 0 and r["time_rollout_s"] > 0
-
-    mesh = loop.run(_cfg(data_dir, **{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2,
-                                      "rollout.off_policy_steps": 1}), workdir=tmp_path / "mesh")
-    _assert_close(mesh, ref, EXACT)
-
-    # Killed after the step-2 checkpoint, written while step 3's batch was pending.
-    meta = loop.Checkpointer(tmp_path / "one" / "checkpoints").meta(2)
-    assert meta[offpolicy.PENDING_KEY] and meta["data_position"] == 2 * 4
-    shutil.copytree(tmp_path / "one", tmp_path / "resumed")
-    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / "4")
-    shutil.rmtree(tmp_path / "resumed" / "hf_final")
-    resumed = loop.run(_cfg(data_dir, **{"mesh.data": 1, "rollout.off_policy_steps": 1}),
-                       workdir=tmp_path / "resumed")
-    assert _comparable(resumed) == _comparable(ref)
     assert jax.device_count() == 8
 
 

@@ -65,6 +65,11 @@ GROUP1 = ([A, NL, X], [Y], [A, NL, B, NL, Y], [X, NL, X])
 REWARDS1 = (-1.0, -1.0, -1.0, -1.0)
 
 
+def _two_groups():
+    """GROUP0's rows then GROUP1's, with their rewards (B = 2 groups of G = 4)."""
+    return _rollout([*GROUP0, *GROUP1], [*REWARDS0, *REWARDS1])
+
+
 def _credit(spec, rollout):
     return jax.jit(functools.partial(step.credit, spec))(rollout, IS_DELIM)
 
