@@ -2,6 +2,7 @@
 which is π_ref, is bitwise unchanged and has no second copy; the optimizer state is the
 adapters'), and a `smoke` run matches on the (2, 2, 2) mesh and resumes bitwise."""
 
+import json
 from pathlib import Path
 
 import jax
@@ -61,7 +62,9 @@ def test_lora_run_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tmp_path)
     from safetensors.numpy import load_file
 
     got = load_file(str(tmp_path / "one" / "hf_final" / "model.safetensors"))
-    (base_file,) = Path(smoke_data_dir).glob("warm_start/*/model.safetensors")
+    # the run's own base (other tests warm-start other bases into the shared data dir)
+    source = json.loads((tmp_path / "one" / "base.json").read_text())["source"]
+    (base_file,) = Path(smoke_data_dir).glob(f"warm_start/{source}/model.safetensors")
     base = load_file(str(base_file))
     assert got.keys() == base.keys()
     for name, target in (("self_attn.q_proj", True), ("mlp.up_proj", True),
