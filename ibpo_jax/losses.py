@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from ibpo_jax.config import LossConfig as LossSpec  # the loss hyperparameters, one dataclass
 from ibpo_jax.kl import LOG_RATIO_CLAMP, kl_k1, kl_k2, kl_k3, kl_low_var  # noqa: F401
-from ibpo_jax.numerics import safe_div  # (also losses.safe_div, for the callers of losses)
+from ibpo_jax.numerics import entropy, safe_div  # (safe_div also as losses.safe_div)
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 
 
@@ -229,8 +229,7 @@ def entropy_stat(logits: jax.Array, mask: jax.Array) -> Stat:
     logits = jax.lax.stop_gradient(jnp.asarray(logits, jnp.float32))
     if logits.shape[:2] != jnp.shape(mask):
         raise ValueError(f"logits {logits.shape} must be mask's shape {jnp.shape(mask)} + [V]")
-    p = jnp.exp(jax.nn.log_softmax(logits, axis=-1))
-    ent = jnp.sum(jax.scipy.special.entr(p), axis=-1)  # entr(0) = 0: masked vocab is fine
+    ent = entropy(logits)  # [B, T]; masked vocabulary (-inf) contributes 0
     valid = jnp.asarray(mask).astype(bool)
     return Stat(jnp.sum(jnp.where(valid, ent, 0.0)), jnp.sum(valid).astype(jnp.float32))
 

@@ -15,7 +15,7 @@ recomputes (what RL needs as log pi_old). Greedy decoding (temperature 0) report
 untempered log-probs of the chosen tokens.
 
 Each row also carries the sum over its tokens of the policy's entropy at temperature 1
-(`strategies.entropy` of the same logits, no extra pass): evaluation's `eval_entropy`.
+(`numerics.entropy` of the same logits, no extra pass): evaluation's `eval_entropy`.
 
 Rows stop at their first EOS (counted in `lengths`; later tokens are `pad_id` with log-prob 0);
 the loop exits as soon as every row is done. Between legs of the loop (`kv_cache.decode_stops`:
@@ -51,12 +51,12 @@ from ibpo_jax.models import kv_cache
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM
 from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
+from ibpo_jax.numerics import entropy
 from ibpo_jax.strategies import (  # noqa: F401  (re-exported: the sampler's strategy API)
     Categorical,
     Greedy,
     TopK,
     TopP,
-    entropy,
     inverse_cdf,
     make_strategy,
     sample_inverse_cdf,
@@ -70,7 +70,7 @@ class SampleOutput(NamedTuple):
     lengths: Array  # [B*R] int32, generated tokens including the EOS token
     logprobs: Array  # [B*R, N] float32, 0 past each row's length
     # [B*R] float32: Σ over each row's tokens of the policy's entropy at temperature 1
-    # (`strategies.entropy` of the logits it sampled from); None from hand-built outputs.
+    # (`numerics.entropy` of the logits it sampled from); None from hand-built outputs.
     entropy: Array | None = None
 
 

@@ -110,13 +110,6 @@ class Categorical:
         return inverse_cdf(x, uniform)
 
 
-def entropy(logits: Array) -> Array:
-    """[B] entropy of softmax(logits) (temperature 1, no filters; float32) of logits [B, V]:
-    the policy's own uncertainty at each sampled position, whatever the sampling settings."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return -jnp.sum(jnp.where(jnp.isfinite(logp), jnp.exp(logp) * logp, 0.0), axis=-1)
-
-
 def make_strategy(*, temperature: float, top_k: int = 0, top_p: float = 1.0
                   ) -> Greedy | Categorical:
     """temperature 0 -> Greedy; else Categorical with TopK (k > 0) and TopP (p < 1)."""
