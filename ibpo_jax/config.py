@@ -133,6 +133,9 @@ class RunConfig(_Section):
         if len(rounds) > 1:  # the update joins the first round and one more
             raise ConfigError(f"{' and '.join(m.switch for m in rounds)} each add a second "
                               "round to the RL step: set one")
+        if rounds and self.rollout.dynamic_sampling:  # its filler rows would enter the round
+            raise ConfigError("config.rollout.dynamic_sampling=True: not with the extra round "
+                              f"of {rounds[0].switch}")
         for name in self.methods:
             METHODS.get(name).check(self)
 

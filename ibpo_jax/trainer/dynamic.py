@@ -24,8 +24,6 @@ import numpy as np
 
 from ibpo_jax import sampling, sharding
 from ibpo_jax.config import RunConfig
-from ibpo_jax.config_schema import ConfigError
-from ibpo_jax.registry import METHODS
 from ibpo_jax.trainer.batching import PromptBatch
 from ibpo_jax.trainer.credit import Rollout
 
@@ -53,15 +51,6 @@ class Round(NamedTuple):
     times: dict[str, float]  # time_rollout_s, time_reward_s
     sampled: int  # trajectories sampled, every round's
     valid: np.ndarray | None = None  # [N] bool: False on the filler groups' rows
-
-
-def check(cfg: RunConfig) -> None:
-    """Cross-section checks: the filler groups of dynamic sampling are invalid rows, which a
-    method's extra round (built from every first-round row) would not skip."""
-    extra = [m for m in cfg.methods if METHODS.get(m).adds_round()]
-    if cfg.rollout.dynamic_sampling and extra:
-        raise ConfigError(f"config.rollout.dynamic_sampling=True: not with {extra[0]}'s extra "
-                          "round of the step")
 
 
 def sample_scored(trainer: Any, key: jax.Array, params: Any) -> Round:

@@ -84,7 +84,6 @@ class Trainer:
 
     def __init__(self, cfg: RunConfig, workdir: str | Path, *, log=None):
         self.cfg = cfg
-        dynamic_lib.check(cfg)
         self.workdir = Path(workdir).absolute()
         self.is_main = jax.process_index() == 0
         self.say = log or (functools.partial(print, flush=True) if self.is_main
