@@ -122,6 +122,7 @@ class Rollouts:
         self.off_policy = trainer.cfg.rollout.off_policy_steps > 0
         self.reshard_s = 0.0  # this step's resharding time
         self._shardings = None  # the sampling layout's, on the rollout mesh (first reshard)
+        self._cast: tuple[Any, Any] | None = None  # (params, their copy): one reshard a collect
         self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
                       if self.off_policy else None)
         self._pending: concurrent.futures.Future | None = None  # (Collected, budget)
@@ -133,7 +134,10 @@ class Rollouts:
     # ------------------------------------------------------------------ sampling
     def reshard(self, params: Any) -> Any:
         """The compute-dtype copy of `params` in the sampling layout on the rollout mesh,
-        always a copy (the update donates `params`); timed into `reshard_s`."""
+        always a copy (the update donates `params`); timed into `reshard_s`. Made once per
+        collect: dynamic sampling's rounds sample with the same params."""
+        if self._cast is not None and self._cast[0] is params:
+            return self._cast[1]
         t0 = time.perf_counter()
         t = self.trainer
         if self._shardings is None:
@@ -142,7 +146,15 @@ class Rollouts:
                            self._shardings, may_alias=False)
         jax.block_until_ready(w)
         self.reshard_s += time.perf_counter() - t0
+        self._cast = (params, w)
         return w
+
+    def _collect(self, key: jax.Array) -> Any:
+        """`Trainer.collect` with the current policy; its resharded copy dropped after."""
+        try:
+            return self.trainer.collect(key)
+        finally:
+            self._cast = None
 
     def weights_copy(self, params: Any) -> Any:
         """What the sampler reads of `params`, in buffers the update does not donate: the
@@ -206,13 +218,13 @@ class Rollouts:
         t, t0 = self.trainer, time.perf_counter()
         self.reshard_s = 0.0
         if not self.off_policy:
-            metrics, logged = learn(t.collect(gen_key))
+            metrics, logged = learn(self._collect(gen_key))
             if self.split:
                 metrics["time_reshard_s"] = self.reshard_s
             return metrics, logged
         lag = 1 if self._pending is not None or self._replay else 0
         if self._pending is None:
-            got = t.collect(gen_key)
+            got = self._collect(gen_key)
         else:
             got, cost = self._pending.result()
             t.budget += cost
