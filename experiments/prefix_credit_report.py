@@ -13,10 +13,19 @@ import numpy as np
 from experiments import prefix_credit as probe
 from experiments import prefix_rules
 
-# The hypothesis holds where, under GSPO, more than half of the shared right-prefix nodes
-# already carry net weight >= 0, and probe.SHARE of IBPO's change lies on at most this share of
-# response tokens (sequence credit, the paper's form).
+# The hypothesis holds where its premise does (more than MOST of the wrong responses'
+# right-prefix tokens lie on a node a correct peer shares: elsewhere no peer is there to cancel
+# GSPO's penalty), under GSPO more than MOST of the shared right-prefix nodes already carry net
+# weight >= 0, and probe.SHARE of IBPO's change lies on at most SMALL of the response tokens
+# (sequence credit, the paper's form).
 MOST, SMALL = 0.5, 0.2
+RULE = (f"The hypothesis's premise: more than {100 * MOST:.0f} % of the wrong responses' "
+        "right-prefix tokens lie on a node a correct peer shares (only there can the peers "
+        "cancel GSPO's penalty); where it fails, the hypothesis does not hold on the task. "
+        "Where it holds, the hypothesis holds where, under GSPO, more than "
+        f"{100 * MOST:.0f} % of the shared right-prefix nodes already carry net weight >= 0 "
+        f"and {100 * probe.SHARE:.0f} % of IBPO's change (sequence credit) lies on at most "
+        f"{100 * SMALL:.0f} % of the response tokens.")
 
 
 def policies(recs: list[dict]) -> dict[str, list[dict]]:
@@ -94,18 +103,24 @@ def _class_rows(name: str, parts: list[dict]) -> list[str]:
 
 
 def verdict(parts: list[dict]) -> dict:
-    """The issue's test on one policy's parts (seed means): `a_ge0`, the share of shared
-    right-prefix nodes whose GSPO net weight is >= 0; `tokens_<credit>`, the share of response
-    tokens on the fewest nodes carrying probe.SHARE of IBPO's change; `holds` (MOST, SMALL)."""
+    """The issue's test on one policy's parts (seed means): `shared`, the share of the wrong
+    responses' right-prefix tokens a correct peer shares (`premise`: over MOST); `a_ge0`, the
+    share of shared right-prefix nodes whose GSPO net weight is >= 0; `b_lt0`, of unshared ones
+    whose net weight is < 0; `tokens_<credit>`, the share of response tokens on the fewest nodes
+    carrying probe.SHARE of IBPO's change; `holds` (RULE)."""
     mean = lambda f: statistics.mean(f(p) for p in parts)  # noqa: E731
     a = lambda p: p["classes"]["shared"]  # noqa: E731
-    out = {"a_ge0": mean(lambda p: a(p)["gspo"].get("ge0", 0.0)),
+    b = lambda p: p["classes"]["unshared"]["gspo"]  # noqa: E731
+    shared = mean(lambda p: p["counts"]["right_shared"] / max(p["counts"]["right_tokens"], 1))
+    out = {"shared": shared, "premise": shared > MOST,
+           "b_lt0": mean(lambda p: 1.0 - b(p)["ge0"] if b(p)["n"] else 0.0),
+           "a_ge0": mean(lambda p: a(p)["gspo"].get("ge0", 0.0)),
            "a_whole": mean(lambda p: a(p)["whole"]),
            "a_partial": mean(lambda p: a(p)["gspo_partial"].get("ge0", 0.0))}
     for cred in ("ibpo_seq", "ibpo_token"):
         out[f"tokens_{cred}"] = mean(lambda p, c=cred: p["concentration"][c]["tokens"])
         out[f"nodes_{cred}"] = mean(lambda p, c=cred: p["concentration"][c]["nodes"])
-    out["holds"] = out["a_ge0"] > MOST and out["tokens_ibpo_seq"] <= SMALL
+    out["holds"] = out["premise"] and out["a_ge0"] > MOST and out["tokens_ibpo_seq"] <= SMALL
     return out
 
 
@@ -115,7 +130,13 @@ def _measured(name: str, parts: list[dict], rule: prefix_rules.Rule) -> str:
                                     for p in parts)
     texts = (f" ({c(('distinct_correct_text', 'mixed_groups')):.2f} distinct texts)"
              if rule.note and all("distinct_correct_text" in p["counts"] for p in parts) else "")
-    return (f"{name}: {100 * c(('right_shared', 'right_tokens')):.1f} % of the wrong responses' "
+    no_peer = (f"the hypothesis does not hold on this task: most right-prefix tokens "
+               f"({100 * (1 - v['shared']):.1f} %) have no correct peer sharing them, and there, "
+               f"under GSPO, {100 * v['b_lt0']:.1f} % of the unshared right-prefix nodes carry "
+               "net weight < 0: exactly the situation IBPO targets")
+    end = ("the hypothesis holds" if v["holds"] else
+           "the hypothesis does not hold" if v["premise"] else no_peer)
+    return (f"{name}: {100 * v['shared']:.1f} % of the wrong responses' "
             f"right-prefix tokens lie on a node a correct peer shares "
             f"({100 * c(('right_shared_all', 'right_tokens')):.1f} % on one every correct peer "
             f"shares; {c(('distinct_correct', 'mixed_groups')):.2f} distinct {rule.solutions_are}"
@@ -126,7 +147,7 @@ def _measured(name: str, parts: list[dict], rule: prefix_rules.Rule) -> str:
             f"{100 * v['tokens_ibpo_seq']:.1f} % of the response tokens "
             f"({100 * v['nodes_ibpo_seq']:.1f} % of the nodes) with sequence credit, "
             f"{100 * v['tokens_ibpo_token']:.1f} % ({100 * v['nodes_ibpo_token']:.1f} %) with "
-            f"token credit: the hypothesis {'holds' if v['holds'] else 'does not hold'}")
+            f"token credit: {end}")
 
 
 def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -> list[Path]:
@@ -171,10 +192,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     from experiments import report  # (report does not import the probes)
 
     probes = {"prefix_credit": recs + trained}
-    lines += ["", "## Verdict", "", f"The hypothesis holds where, under GSPO, more than "
-              f"{100 * MOST:.0f} % of the shared right-prefix nodes already carry net weight "
-              f">= 0 and {100 * probe.SHARE:.0f} % of IBPO's change (sequence credit) lies on "
-              f"at most {100 * SMALL:.0f} % of the response tokens.", "",
+    lines += ["", "## Verdict", "", RULE, "",
               *(f"**Measured**, {m}." for m in measured), "",
               f"Code (commit of each record and trained part): {report.code_versions(probes)}.",
               "", f"Hosts: {report.hosts(probes)}.", "", "![prefix_credit](prefix_credit.png)",

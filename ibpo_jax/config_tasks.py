@@ -9,18 +9,24 @@ import dataclasses
 
 from ibpo_jax import registry
 from ibpo_jax.config_schema import _Section
+from ibpo_jax.data import arith, countdown
+
+# The generators' own defaults are the one source of the task sections' defaults (a change
+# there changes the runs' data; the sections only name them as config keys).
+_ARITH, _COUNTDOWN = arith.ArithConfig(), countdown.CountdownConfig()
 
 
 @dataclasses.dataclass(frozen=True)
 class ArithTaskConfig(_Section):
     KEY = "task.arith"
-    num_steps: int = 3
+    num_steps: int = _ARITH.num_steps
     """Operations per problem of the embedded `arith` task."""
     digits: int = 1
-    """Digits of the start number and of the + / - operands."""
-    ops: str = "+-*"
+    """Digits of the start number and of the + / - operands (the runs' own default: one digit,
+    below the generator's `arith.ArithConfig().digits`)."""
+    ops: str = _ARITH.ops
     """Operators to draw from: distinct characters of '+-*/'."""
-    max_value: int = 999
+    max_value: int = _ARITH.max_value
     """Every intermediate value stays in [0, max_value]."""
 
     def check(self):
@@ -34,19 +40,19 @@ class ArithTaskConfig(_Section):
 @dataclasses.dataclass(frozen=True)
 class CountdownTaskConfig(_Section):
     KEY = "task.countdown"
-    min_numbers: int = 4
+    min_numbers: int = _COUNTDOWN.min_numbers
     """Fewest numbers a `countdown` problem gives (>= 2)."""
-    max_numbers: int = 6
+    max_numbers: int = _COUNTDOWN.max_numbers
     """Most numbers a problem gives (<= 8)."""
-    max_number: int = 12
+    max_number: int = _COUNTDOWN.max_number
     """The numbers are distinct integers in [2, max_number]."""
-    max_value: int = 99
+    max_value: int = _COUNTDOWN.max_value
     """Every result and the target are integers in [1, max_value]."""
-    min_target: int = 10
+    min_target: int = _COUNTDOWN.min_target
     """Smallest target (a target is never one of the numbers)."""
-    min_solutions: int = 3
+    min_solutions: int = _COUNTDOWN.min_solutions
     """Keep only problems with at least this many distinct shortest solutions (k)."""
-    num_train: int = 10000
+    num_train: int = countdown.NUM_TRAIN
     """Problems in the training split (validation and test: 500 each); the defaults allow
     about 40,000 distinct problems."""
 

@@ -55,6 +55,7 @@ _STEP_RE = re.compile(rf"{_NUM}([+\-*/]){_NUM}={_NUM}")
 _ANSWER_RE = re.compile(rf"Answer: {_NUM}")
 OPS = "+-*/"
 _TABLE_OPS = "+*-/"  # the rows of `_op_tables`
+NUM_TRAIN = 10000  # problems in the default training split (the defaults allow about 40,000)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,8 @@ class CountdownBuilderConfig(ProceduralBuilderConfig):
     """One `countdown` dataset: `problem` is its CountdownConfig."""
 
     @classmethod
-    def make(cls, config: countdown.CountdownConfig | None = None, *, num_train: int = 10000,
+    def make(cls, config: countdown.CountdownConfig | None = None, *,
+             num_train: int = countdown.NUM_TRAIN,
              num_validation: int = 500, num_test: int = 500,
              seed: int = 0) -> CountdownBuilderConfig:
         """Config for `config` (default CountdownConfig()); the name encodes every field."""

@@ -107,6 +107,40 @@ def test_concentration():
     assert pc.concentration(np.zeros(3), np.ones(3)) == {"nodes": 0.0, "tokens": 0.0}
 
 
+def _part(shared: int, right: int, unshared_ge0: float) -> dict:
+    """One seed's part as the report reads it: `shared` of `right` right-prefix tokens shared;
+    GSPO >= 0 on 90 % of the shared nodes; IBPO's change on 10 % of the tokens."""
+    conc = {"tokens": 0.1, "nodes": 0.1}
+    return {"counts": {"right_shared": shared, "right_tokens": right, "right_shared_all": 0,
+                       "distinct_correct": 2, "mixed_groups": 1},
+            "classes": {"shared": {"gspo": {"n": 5, "ge0": 0.9}, "whole": 0.5,
+                                   "gspo_partial": {"n": 2, "ge0": 0.8}},
+                        "unshared": {"gspo": {"n": 4, "ge0": unshared_ge0}}},
+            "concentration": {"ibpo_seq": conc, "ibpo_token": conc}}
+
+
+def test_verdict_needs_the_sharing_premise():
+    from experiments import prefix_credit_report as rep
+
+    # Every other condition holds; only the share of right-prefix tokens a peer shares moves.
+    held = rep.verdict([_part(60, 100, 0.0), _part(50, 100, 0.5)])  # 55 % shared: premise
+    assert held["premise"] and held["holds"] and held["shared"] == pytest.approx(0.55)
+    failed = rep.verdict([_part(20, 100, 0.0), _part(30, 100, 0.5)])  # 25 %: no peer for most
+    assert not failed["premise"] and not failed["holds"]
+    assert failed["b_lt0"] == pytest.approx(0.75)  # (1.0 + 0.5) / 2 of unshared nodes < 0
+    text = rep._measured("base policy", [_part(20, 100, 0.0), _part(30, 100, 0.5)],
+                         prefix_rules.ARITH)
+    assert text.startswith("base policy: 25.0 % of the wrong responses' right-prefix tokens")
+    assert text.endswith("does not hold on this task: most right-prefix tokens (75.0 %) have no "
+                         "correct peer sharing them, and there, under GSPO, 75.0 % of the "
+                         "unshared right-prefix nodes carry net weight < 0: exactly the "
+                         "situation IBPO targets")
+    # No unshared node (its GSPO entry empty) counts as none below 0.
+    empty = _part(20, 100, 0.0)
+    empty["classes"]["unshared"]["gspo"] = {"n": 0}
+    assert rep.verdict([empty])["b_lt0"] == 0.0
+
+
 def test_first_wrong_token_matches_the_checker():
     tok = CharTokenizer()
     record = arith.make_record(37, "+-*", [48, 19, 2], id="x")
