@@ -109,8 +109,8 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     shaped = groups(trained_reward(rollout), g) + ibpo.lam * phi
     metrics = credit_metrics(rollout, phi, spec)
     if rollout.kl_penalty is not None:
-        metrics["kl_reward"] = jnp.mean(rollout.kl_penalty)
-    metrics["units_truncated_frac"] = jnp.mean(u.truncated.astype(jnp.float32))
+        metrics["kl_reward"] = live_mean(rollout.kl_penalty, rollout.valid)
+    metrics["units_truncated_frac"] = live_mean(u.truncated.astype(jnp.float32), rollout.valid)
     if not spec.is_ppo:
         seq_adv = adv if delta is None else group_advantages(spec, rollout, phi)
         metrics.update(where_credit_goes(rollout, adv, seq_adv, phi_out.first_error.reshape(-1),
@@ -163,19 +163,45 @@ def error_sides(rollout: Rollout, first_error: jax.Array, token_unit: jax.Array,
     return before, after
 
 
+def live_mean(x: jax.Array, live: jax.Array | None) -> jax.Array:
+    """x's mean over the entries `live` selects (same shape, bool; None: all, `jnp.mean`)."""
+    if live is None:
+        return jnp.mean(x)
+    return jnp.sum(jnp.where(live, x, 0.0)) / jnp.maximum(jnp.sum(live), 1)
+
+
+def pooled_moments(y: jax.Array, phi: jax.Array, *, lam: float, live: jax.Array | None
+                   ) -> dict[str, jax.Array]:
+    """`advantages.pooled_appendix_a` of y, phi [B, G] over the groups `live` [B] selects
+    (None: all): the others made constant, so their within-group moments are 0, and the pooled
+    means rescaled from B groups to the live ones (λ_max, a ratio of two of them, unchanged)."""
+    if live is None:
+        return advantages.pooled_appendix_a(y, phi, lam=lam)
+    keep = lambda x: jnp.where(live[:, None], x, 0.0)
+    pooled = advantages.pooled_appendix_a(keep(y), keep(phi), lam=lam)
+    scale = live.shape[0] / jnp.maximum(jnp.sum(live), 1)
+    return {k: v if k == "lambda_max" else v * scale for k, v in pooled.items()}
+
+
 def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str, jax.Array]:
-    """Rewards, φ and Appendix A's pooled moments of the batch (DESIGN §3)."""
-    g = spec.group_size
+    """Rewards, φ and Appendix A's pooled moments of the batch (DESIGN §3): of its valid rows
+    and the groups holding one (`Rollout.valid`; dynamic sampling's fillers are left out)."""
+    g, live = spec.group_size, rollout.valid
     y = groups(rollout.reward, g)
-    correct = groups(rollout.correct, g)
-    mixed = jnp.any(correct, -1) & ~jnp.all(correct, -1)  # φ is defined: some right, some wrong
-    wrong_scored = phi_scored(correct)
-    pooled = advantages.pooled_appendix_a(y, phi, lam=spec.ibpo.lam)
+    v = jnp.ones(y.shape, bool) if live is None else groups(live, g)
+    correct = groups(rollout.correct, g) & v
+    live_groups = None if live is None else jnp.any(v, -1)
+    # φ is defined: some (valid) responses right, some wrong
+    mixed = jnp.any(correct, -1) & jnp.any(~correct & v, -1)
+    wrong_scored = phi_scored(correct) & v
+    pooled = pooled_moments(y, phi, lam=spec.ibpo.lam, live=live_groups)
     lengths = rollout.response_len.astype(jnp.float32)
+    reward_mean = live_mean(rollout.reward, live)
     return {
-        "reward_mean": jnp.mean(rollout.reward),
-        "reward_var": jnp.var(rollout.reward),
-        "accuracy": jnp.mean(rollout.correct.astype(jnp.float32)),
+        "reward_mean": reward_mean,
+        "reward_var": jnp.var(rollout.reward) if live is None
+        else live_mean(jnp.square(rollout.reward - reward_mean), live),
+        "accuracy": live_mean(rollout.correct.astype(jnp.float32), live),
         # mean φ over the responses φ scores
         "phi_mean": jnp.sum(jnp.where(wrong_scored, phi, 0.0))
         / jnp.maximum(jnp.sum(wrong_scored), 1),
@@ -185,7 +211,7 @@ def credit_metrics(rollout: Rollout, phi: jax.Array, spec: StepSpec) -> dict[str
         # is about the policy-gradient variance (`pg_var*`, trainer/pg_variance.py).
         "adv_var": pooled["var_adv_ibpo"],
         "adv_var_gspo": pooled["var_adv_gspo"],
-        "frac_groups_all_same": jnp.mean(1.0 - mixed.astype(jnp.float32)),
-        "response_len_mean": jnp.mean(lengths),
-        "frac_truncated": jnp.mean(1.0 - rollout.ended.astype(jnp.float32)),
+        "frac_groups_all_same": live_mean(1.0 - mixed.astype(jnp.float32), live_groups),
+        "response_len_mean": live_mean(lengths, live),
+        "frac_truncated": live_mean(1.0 - rollout.ended.astype(jnp.float32), live),
     }

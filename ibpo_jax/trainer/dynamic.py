@@ -6,6 +6,10 @@ System at Scale", arXiv:2503.14476) around the RL step's sampling (issue 45, DES
   sampled, `rollout.max_sampling_rounds` rounds at most, until B mixed groups are found. The
   filter reads the verifier's R, never R + λφ nor any shaped reward: a shaped reward varies
   inside an all-wrong group and would keep groups whose only "signal" is shaping noise.
+  Short of B, filtered groups fill the batch as invalid rows (`Round.valid`): no loss, and
+  no part in the step's batch metrics (reward_mean, accuracy, frac_groups_all_same, φ,
+  entropy...: trained rows only), while `groups_*`, `sampling_rounds`,
+  `trajectories_sampled` and the budget count every sampled trajectory.
 * overlong handling (DAPO §3.4): "filter" (overlong filtering) takes the truncated responses
   out of the loss; "soft" (soft overlong punishment, eq. 13) adds a length penalty to R.
 

@@ -10,9 +10,19 @@ import pytest
 
 from ibpo_jax import advantages, config, models
 from ibpo_jax.config_schema import ConfigError
-from ibpo_jax.trainer import dynamic, packing, step
+from ibpo_jax.trainer import dynamic, packing, step, step_records
 from ibpo_jax.trainer.state import init_state, make_optimizer
-from tests.trainer.test_step import ARCH, _credit, _plan, _spec, _two_groups
+from tests.trainer.test_step import (
+    ARCH,
+    GROUP0,
+    GROUP1,
+    REWARDS0,
+    _credit,
+    _plan,
+    _rollout,
+    _spec,
+    _two_groups,
+)
 
 
 def test_overlong_penalty_is_dapo_eq13_by_hand():
@@ -113,6 +123,58 @@ def test_all_wrong_group_has_no_phantom_advantage(algo, credit):
     assert float(noisy[0]) == pytest.approx(0.0075 / (np.sqrt(1.875e-5) + 1e-6), rel=1e-3)
     assert float(noisy[0]) > 1.7  # full size, from shaping noise alone
 
+
+
+def _with_filler(filler_rewards):
+    """GROUP0 (mixed, trained) then GROUP1's responses as dynamic sampling's filler group:
+    invalid rows, one of them truncated."""
+    rollout = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *filler_rewards])
+    return rollout._replace(valid=jnp.arange(8) < 4, ended=rollout.ended.at[5].set(False))
+
+
+def test_batch_metrics_leave_the_filler_group_out():
+    """The step's batch metrics are group 0's alone, worked by hand; with the filler (an
+    all-correct group, lengths 4, 2, 6, 4, one truncated) averaged in they would read
+    reward_mean 0.5, accuracy 0.75, frac_groups_all_same 0.5, response_len_mean 4.875,
+    frac_truncated 0.125, cov_y_phi -1/12, adv_var_gspo 0.5."""
+    _, spec = _spec("ibpo_gspo")
+    lam = spec.ibpo.lam
+    cred, m = _credit(spec, _with_filler([1.0] * 4))
+    # Group 0: R = [1, -1, -1, 1], φ = [0, 2/3, 0, 0], lengths (EOS included) 6, 6, 4, 7.
+    y, phi = np.array(REWARDS0), np.array([0, 2 / 3, 0, 0])
+    want = {"reward_mean": 0.0, "reward_var": 1.0, "accuracy": 0.5, "frac_groups_all_same": 0.0,
+            "response_len_mean": 23 / 4, "frac_truncated": 0.0, "phi_mean": 1 / 3,
+            # Cov(Y, φ) = mean(Y · (φ - 1/6)) = (-1/6 - 1/2 + 1/6 - 1/6) / 4 = -1/6;
+            # V_φ = 1/9 - 1/36 = 1/12, so λ_max = 2 · (1/6) / (1/12) = 4.
+            "cov_y_phi": -1 / 6, "lambda_max": 4.0, "adv_var_gspo": 1.0,
+            "adv_var": float(np.var(y + lam * phi))}
+    for k, v in want.items():
+        assert float(m[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+    # The same as the batch of group 0 alone, where no row is invalid.
+    _, alone = _credit(spec, _rollout(list(GROUP0), list(REWARDS0)))
+    for k in want:
+        assert float(m[k]) == pytest.approx(float(alone[k]), rel=1e-5, abs=1e-6), k
+    np.testing.assert_array_equal(np.asarray(cred.adv)[4:], 0.0)
+
+
+def test_step_records_leave_the_filler_group_out():
+    """first_error_agreement and Appendix A's line count group 0's rows only: a filler whose
+    (invalid) wrong rows disagree with the checker does not change them."""
+    _, spec = _spec("ibpo_gspo")
+    rollout = _with_filler([1.0, -1.0, -1.0, -1.0])  # correct-mixed, so φ would score it
+    cred, _ = _credit(spec, rollout)
+    # φ's first errors of group 0's wrong rows are 2 and 0: the checker agrees on both; on
+    # the filler's wrong rows it reports a step φ cannot find (99).
+    infos = [{"first_wrong_step": t} for t in (None, 2, 0, None, None, 99, 99, 99)]
+    got = step_records.first_error_agreement(cred, rollout, np.arange(8), infos, 4)
+    assert got == {"first_error_agreement": 1.0}  # 2 of 5 with the filler's rows
+    line = step_records.appendix_a(3, cred, rollout, np.arange(8), infos)
+    assert line["reward"] == list(REWARDS0) and line["correct"] == [1, 0, 0, 1]
+    assert line["first_error"][1:3] == [2, 0] and line["true_first_wrong"] == [-1, 2, 0, -1]
+    np.testing.assert_allclose(line["phi"], [0, 0.66667, 0, 0])
+    # Every row valid: the whole batch, as before.
+    plain = step_records.appendix_a(3, cred, rollout._replace(valid=None), np.arange(8), infos)
+    assert len(plain["reward"]) == 8 and plain["true_first_wrong"][5:] == [99] * 3
 
 @functools.cache
 def _update_fn(cfg, spec):
