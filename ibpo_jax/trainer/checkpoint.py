@@ -12,10 +12,15 @@ intact one, says which it skipped and why, and moves the damaged step directorie
 (``checkpoints_skipped/``) so the run can save those steps again. A checkpoint whose arrays
 do not fit the state being restored (another model or optimizer) is not damage: it raises
 `CheckpointMismatch` naming the first leaves that differ.
+
+A step may also hold host arrays beside the state (`save`'s `arrays`: an off-policy run's
+pending batch, trainer/offpolicy.py), one .npz in the step directory (`ARRAYS_FILE`) that the
+JSON record names rather than holds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 from collections.abc import Callable
@@ -23,11 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from ibpo_jax.trainer.errors import RunError
 
 _SHOWN = 3  # mismatched leaves named in an error
+ARRAYS = "arrays"  # the step's item of host arrays beside the state
+ARRAYS_FILE = f"{ARRAYS}/arrays.npz"  # its file, relative to the step directory
 
 
 class CheckpointError(RunError):
@@ -131,14 +139,22 @@ class Checkpointer:
     def should_save(self, step: int, *, last: bool) -> bool:
         return last or step % self.every == 0
 
-    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-        )
+    def save(self, step: int, state: Any, meta: dict[str, Any],
+             arrays: dict[str, np.ndarray] | None = None) -> None:
+        """Saves `state`, the JSON record `meta` and, if any, the host `arrays` (ARRAYS_FILE)
+        as step `step`, all at once: orbax writes the items into a temporary step directory
+        and commits it complete, so a run killed mid-save never leaves a record without its
+        arrays (the previous checkpoint stays the latest)."""
+        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
+        if arrays is not None:
+            items[ARRAYS] = NpzSave(arrays)
+        self._manager.save(step, args=ocp.args.Composite(**items))
         self._manager.wait_until_finished()
+
+    def arrays(self, step: int) -> dict[str, np.ndarray]:
+        """The host arrays saved with `step` (`save`'s `arrays`), by name."""
+        return self._manager.restore(
+            step, args=ocp.args.Composite(**{ARRAYS: NpzRestore()}))[ARRAYS]
 
     def meta(self, step: int) -> dict[str, Any]:
         """The JSON record of `step` alone (step, data position, config)."""
@@ -232,3 +248,29 @@ class Checkpointer:
 
 class _Damaged(Exception):
     """A checkpoint that cannot be read; the message is the reason."""
+
+
+class NpzHandler(ocp.CheckpointHandler):
+    """A dict of host arrays as one .npz in its item directory (exact: dtypes and bits kept).
+    Written, like the JSON record, into orbax's temporary step directory (committed whole)."""
+
+    def save(self, directory: Any, args: NpzSave) -> None:
+        if jax.process_index() == 0:  # the arrays are the same on every process
+            with (directory / Path(ARRAYS_FILE).name).open("wb") as f:
+                np.savez(f, **args.arrays)  # uncompressed: MBs beside a GB state, no wait
+
+    def restore(self, directory: Any, args: NpzRestore | None = None) -> dict[str, np.ndarray]:
+        with (directory / Path(ARRAYS_FILE).name).open("rb") as f, np.load(f) as z:
+            return {k: z[k] for k in z.files}
+
+
+@ocp.args.register_with_handler(NpzHandler, for_save=True)
+@dataclasses.dataclass
+class NpzSave(ocp.args.CheckpointArgs):
+    arrays: dict[str, np.ndarray]
+
+
+@ocp.args.register_with_handler(NpzHandler, for_restore=True)
+@dataclasses.dataclass
+class NpzRestore(ocp.args.CheckpointArgs):
+    pass

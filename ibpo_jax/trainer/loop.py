@@ -64,7 +64,7 @@ def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
 class Collected(NamedTuple):
     """One step's sampled and scored batch (`Trainer.collect`): its prompt records and their
     encoding, the rows this process scored with the verifier's reports, every row's response
-    length, the `Rollout` on the mesh with its packing plan, and the phases' wall times."""
+    length, the `Rollout` on the mesh with its packing plan, the phases' wall times and cost."""
 
     records: list[dict]
     prompts: Any  # batching.PromptBatch
@@ -74,6 +74,7 @@ class Collected(NamedTuple):
     rollout: step.Rollout
     plan: packing.Plan
     times: dict[str, float]  # time_rollout_s, time_reward_s
+    sampled: int  # trajectories sampled for it: charged to the budget when a step learns it
     stats: dict[str, float] = {}  # dynamic sampling's and overlong shaping's metrics
 
 
@@ -89,7 +90,6 @@ class Trainer:
         self.say = log or (functools.partial(print, flush=True) if self.is_main
                            else (lambda *_: None))
         self.mesh, self.rollout_mesh = offpolicy_lib.meshes(cfg.mesh)  # one object unless split
-        self.rollouts = offpolicy_lib.Rollouts(self)  # where and when the sampler runs
         self.tokenizer = build_tokenizer(cfg)
         self.task, self.eval_task, eval_split = train_and_eval_tasks(cfg, self.tokenizer)
         self._build_policy()
@@ -99,6 +99,10 @@ class Trainer:
         # arrays are identical everywhere and each process places its own devices' rows.
         self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
         self.generate, self.eval_generate = self._samplers()
+        self.rollouts = offpolicy_lib.Rollouts(  # where and when the sampler runs
+            cfg.rollout, steps=cfg.train.steps, meshes=(self.mesh, self.rollout_mesh),
+            dtype=self.base.options.dtype, sampler=self.generate, data=self.sampler,
+            collect=self.collect, policy=lambda: self.policy, keys=self.keys)
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
         self._build_update()
         self.seed_key = jax.random.key(cfg.seed)
@@ -184,7 +188,7 @@ class Trainer:
             return None
         last, self.state, meta = found
         self.sampler.restore(meta["data_position"])
-        self.rollouts.restored(meta)  # a batch sampled for the next step: replayed
+        self.rollouts.restored(meta, lambda: ckpt.arrays(last))  # a pending batch: replayed
         # Checkpoints from before the weighted budget counted B x G per step.
         self.budget = float(meta.get("budget_trajectories",
                                      last * self.cfg.rows_per_step))
@@ -192,7 +196,7 @@ class Trainer:
         return last
 
     def save(self, ckpt: Checkpointer, s: int) -> None:
-        ckpt.save(s, self.state, self.rollouts.saved({
+        ckpt.save(s, self.state, *self.rollouts.saved({  # (record, pending batch's arrays)
             "step": s, "data_position": self.sampler.position,
             "budget_trajectories": self.budget, "config": self.cfg.to_dict()}))
 
@@ -226,21 +230,21 @@ class Trainer:
         """The step's batch: the next prompts, G samples of each (`gen_key`, `params`: the
         policy's by default), scored (dynamic sampling's rounds, overlong shaping:
         trainer/dynamic.py), as the update's `Rollout` on the mesh with its packing plan.
-        Every sampled trajectory is counted in the budget."""
+        Its sampled trajectories are charged to the budget when a step learns it (`learn`)."""
         params = self.policy if params is None else params
         got, stats = dynamic_lib.collect_rounds(self, gen_key, params)
         reward = dynamic_lib.shaped_reward(self.cfg, got, stats)
         rollout, plan = self.as_rollout(got.prompts, got.out, got.rows, reward, got.correct,
                                         got.ended, got.lengths, valid=got.valid)
-        self.budget += got.sampled
         return Collected(got.records, got.prompts, got.rows, got.infos, got.lengths, rollout,
-                         plan, got.times, stats)
+                         plan, got.times, got.sampled, stats)
 
     def learn(self, s: int, got: Collected, gen_key: jax.Array, update_key: jax.Array
               ) -> tuple[dict[str, float], dict[str, dict]]:
         """The methods' reward shaping and extra round -> credit (φ, advantages) -> update ->
         metrics, on the batch `collect` returned."""
         g = self.cfg.rollout.group_size
+        self.budget += got.sampled  # off-policy: sampled during the previous step
         t2 = time.perf_counter()
         batch, stages = self.methods.shape(methods_lib.Scored(
             s, got.records, got.rollout, got.rows, got.infos, self.policy))
@@ -261,7 +265,7 @@ class Trainer:
                    jax.device_get({**credit_metrics, **update_metrics}).items()}
         metrics.update(diag)
         metrics.update(records_lib.first_error_agreement(
-            cred, sharding.host_array(batch.rollout.correct), got.rows, got.infos, g))
+            cred, batch.rollout, got.rows, got.infos, g))
         metrics.update(stages, **got.stats)
         sampled = sum(got.times.values())
         metrics.update(
@@ -355,7 +359,7 @@ class Trainer:
         prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
                                  cfg.rollout.max_prompt_len)
         # On the rollout mesh, in rollout.sample_chunk calls, back on the training mesh.
-        return records, prompts, self.rollouts.generate(self.generate, params, prompts, key)
+        return records, prompts, self.rollouts.generate(params, prompts, key)
 
     def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:

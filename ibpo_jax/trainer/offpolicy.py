@@ -14,27 +14,32 @@ scored while step k-1's update ran, with the parameters step k-1 started from, i
 thread; the update takes the sampler's log-probs as π_old of its ratio (trainer/step.py), and
 `policy_lag` is 1 (0 at the first step, sampled synchronously). The update donates the state,
 so the sampler reads a copy of its own: the compute-dtype copy (on the rollout mesh, the
-resharded one). The background collect runs on a shallow copy of the trainer whose budget
-starts at 0: its trajectories count when its step consumes the batch, so every logged value
-is what it would be were the phases run one after the other. Only one collect runs at a time
+resharded one). A collected batch carries its cost in trajectories, charged to the budget
+when its step consumes it (`Trainer.learn`), so every logged value is what it would be were
+the phases run one after the other. Only one collect runs at a time
 (the data position advances in step order); the reward pool is shared with the main thread's
 extra rounds and evaluation and serialized by a lock (`Serialized`).
 
 Resume. A checkpoint written while a batch is pending records the data position before that
-batch and the arrays of its sampler calls (the random part; scoring is a function of them);
-the resumed run replays them in the same calls, so its next step is the uninterrupted run's.
+batch and the arrays of its sampler calls (the random part; scoring is a function of them):
+the arrays in an .npz of the checkpoint's step directory (`checkpoint.ARRAYS_FILE`, tens of
+MB at the paper's scale), which the JSON record names. The resumed run replays them in the
+same calls, so its next step is the uninterrupted run's.
+
+`Rollouts` is given what it uses, never the trainer: the rollout config, the two meshes, the
+compute dtype, the rollout's sampler, the data sampler (its position) and three callables of
+the trainer (`collect`, the current `policy`, a step's `keys`).
 """
 
 from __future__ import annotations
 
 import base64
 import concurrent.futures
-import copy
 import io
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +48,25 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import sampling, sharding
+from ibpo_jax.config_sections import RolloutConfig
+from ibpo_jax.data.sampler import IndexSampler
+from ibpo_jax.trainer import checkpoint
 
-PENDING_KEY = "pending_rollout"  # the checkpoint record's entry of a pending batch
+PENDING_KEY = "pending_rollout"  # the checkpoint record's entry of a pending batch: its file
+
+# (step key, params the sampler reads or None: the policy's) -> the step's scored batch
+# (`loop.Collected`, its cost in trajectories in `sampled`).
+Collect = Callable[[jax.Array, Any], Any]
+
+
+class Sampler(Protocol):
+    """The rollout's sampler (`sampling.generate_fn`): G samples of each prompt, and the
+    compute-dtype copy of the weights it reads (`shared`, passed back as `cast`)."""
+
+    def __call__(self, params: Any, prompts: Any, prompt_lens: Any, rng: jax.Array, *,
+                 cast: Any = None) -> sampling.SampleOutput: ...
+
+    def shared(self, params: Any) -> Any: ...
 
 
 def meshes(cfg: Any) -> tuple[Mesh, Mesh]:
@@ -91,20 +113,22 @@ def _each(fn: Callable[[Any], Any], out: sampling.SampleOutput) -> sampling.Samp
     return sampling.SampleOutput(*(None if x is None else fn(x) for x in out))
 
 
-def encode_outputs(outs: list[sampling.SampleOutput]) -> str:
-    """The sampler calls' host arrays, as text for the checkpoint's JSON record (exact:
-    .npz bytes in base64)."""
-    arrays = {f"{name}_{i}": np.asarray(x) for i, out in enumerate(outs)
-              for name, x in out._asdict().items() if x is not None}
-    buf = io.BytesIO()
-    np.savez_compressed(buf, **arrays)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+def pack_outputs(outs: list[sampling.SampleOutput]) -> dict[str, np.ndarray]:
+    """The sampler calls' host arrays by name ("tokens_0", ...: field, call), for the
+    checkpoint's .npz."""
+    return {f"{name}_{i}": np.asarray(x) for i, out in enumerate(outs)
+            for name, x in out._asdict().items() if x is not None}
 
 
-def decode_outputs(text: str) -> list[sampling.SampleOutput]:
-    """`encode_outputs`' arrays, in call order, on the host."""
-    with np.load(io.BytesIO(base64.b64decode(text))) as z:
-        data = {k: z[k] for k in z.files}
+def legacy_arrays(text: str) -> dict[str, np.ndarray]:
+    """`pack_outputs`' arrays from a checkpoint of before they moved to their own file: the
+    .npz bytes in base64, in the JSON record itself."""
+    with np.load(io.BytesIO(base64.b64decode(text, validate=True))) as z:
+        return {k: z[k] for k in z.files}
+
+
+def unpack_outputs(data: dict[str, np.ndarray]) -> list[sampling.SampleOutput]:
+    """`pack_outputs`' arrays, in call order, on the host."""
     calls = len({k.rsplit("_", 1)[1] for k in data})
     return [sampling.SampleOutput(*(data.get(f"{name}_{i}")
                                     for name in sampling.SampleOutput._fields))
@@ -114,12 +138,23 @@ def decode_outputs(text: str) -> list[sampling.SampleOutput]:
 class Rollouts:
     """The trainer's sampler placement and step schedule (module docstring): `generate` runs
     the sampler for `Trainer.sample`, `step` runs `collect` and `learn` in the configured order,
-    `saved` / `restored` carry a pending batch over a checkpoint."""
+    `saved` / `restored` carry a pending batch over a checkpoint.
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
-        self.split = trainer.rollout_mesh is not trainer.mesh
-        self.off_policy = trainer.cfg.rollout.off_policy_steps > 0
+    `cfg` is the run's rollout section, `steps` its RL steps (train.steps), `meshes` (training
+    mesh, rollout mesh: one object unless split, `meshes()`), `dtype` the compute dtype the
+    sampler reads the weights in, `sampler` the rollout's, `data` the training split's index
+    sampler; `collect` samples and scores a step's batch, `policy()` is the current policy's
+    full params, `keys(s)` step s's (sampling, update) keys."""
+
+    def __init__(self, cfg: RolloutConfig, *, steps: int, meshes: tuple[Mesh, Mesh], dtype: Any,
+                 sampler: Sampler, data: IndexSampler, collect: Collect,
+                 policy: Callable[[], Any], keys: Callable[[int], jax.Array]):
+        self.cfg, self.steps, self.dtype = cfg, steps, dtype
+        self.mesh, self.rollout_mesh = meshes
+        self.sampler, self.data = sampler, data
+        self._collect_fn, self._policy, self._keys = collect, policy, keys
+        self.split = self.rollout_mesh is not self.mesh
+        self.off_policy = cfg.off_policy_steps > 0
         self.reshard_s = 0.0  # this step's resharding time
         self._shardings = None  # the sampling layout's, on the rollout mesh (first reshard)
         self._cast: tuple[Any, Any] | None = None  # (params, their copy): one reshard a collect
@@ -139,20 +174,20 @@ class Rollouts:
         if self._cast is not None and self._cast[0] is params:
             return self._cast[1]
         t0 = time.perf_counter()
-        t = self.trainer
         if self._shardings is None:
-            self._shardings = sharding.param_shardings(params, t.rollout_mesh, sharding.SAMPLING)
-        w = jax.device_put(sampling.compute_weights(params, t.base.options.dtype),
-                           self._shardings, may_alias=False)
+            self._shardings = sharding.param_shardings(params, self.rollout_mesh,
+                                                       sharding.SAMPLING)
+        w = jax.device_put(sampling.compute_weights(params, self.dtype), self._shardings,
+                           may_alias=False)
         jax.block_until_ready(w)
         self.reshard_s += time.perf_counter() - t0
         self._cast = (params, w)
         return w
 
     def _collect(self, key: jax.Array) -> Any:
-        """`Trainer.collect` with the current policy; its resharded copy dropped after."""
+        """`collect` with the current policy; its resharded copy dropped after."""
         try:
-            return self.trainer.collect(key)
+            return self._collect_fn(key, None)
         finally:
             self._cast = None
 
@@ -162,30 +197,28 @@ class Rollouts:
         pass through unchanged copied)."""
         if self.split:
             return self.reshard(params)
-        with jax.set_mesh(self.trainer.mesh):
-            w = self.trainer.generate.shared(params)
+        with jax.set_mesh(self.mesh):
+            w = self.sampler.shared(params)
             w = jax.tree.map(lambda a, b: jnp.copy(a) if a is b else a, w, params)
         return jax.block_until_ready(w)
 
-    def generate(self, generate: Any, params: Any, prompts: Any, key: jax.Array
-                 ) -> sampling.SampleOutput:
-        """`generate`'s samples of `prompts` (batching.PromptBatch) under `params` on the
+    def generate(self, params: Any, prompts: Any, key: jax.Array) -> sampling.SampleOutput:
+        """The sampler's samples of `prompts` (batching.PromptBatch) under `params` on the
         rollout mesh, in rollout.sample_chunk calls, placed on the training mesh. A resumed
         run's pending calls are replayed instead; a pending batch's are recorded."""
         if self._replay:
             out = _each(lambda x: sharding.global_array(
-                x, sharding.batch_sharding(self.trainer.mesh, x.ndim)), self._replay.pop(0))
+                x, sharding.batch_sharding(self.mesh, x.ndim)), self._replay.pop(0))
         else:
-            out = self._sample(generate, params, prompts, key)
+            out = self._sample(params, prompts, key)
         if self._record is not None:
             self._record.append(out)
         return out
 
-    def _sample(self, generate: Any, params: Any, prompts: Any, key: jax.Array
-                ) -> sampling.SampleOutput:
-        t, n = self.trainer, len(prompts.lengths)
-        chunk = t.cfg.rollout.sample_chunk or n  # prompts per sampler call (KV cache memory)
-        mesh = t.rollout_mesh
+    def _sample(self, params: Any, prompts: Any, key: jax.Array) -> sampling.SampleOutput:
+        generate, n = self.sampler, len(prompts.lengths)
+        chunk = self.cfg.sample_chunk or n  # prompts per sampler call (KV cache memory)
+        mesh = self.rollout_mesh
         if self.split:  # the step's key, where the sampler's programs run
             key = jax.device_put(key, NamedSharding(mesh, P()))
         with jax.set_mesh(mesh):
@@ -205,17 +238,17 @@ class Rollouts:
                     jnp.concatenate(parts), sharding.batch_sharding(mesh, parts[0].ndim))
                     for parts in zip(*outs)))
         if self.split or self.off_policy:  # on the training mesh, laid out like a replay's
-            out = _each(lambda x: jax.device_put(x, sharding.batch_sharding(t.mesh, x.ndim)),
+            out = _each(lambda x: jax.device_put(x, sharding.batch_sharding(self.mesh, x.ndim)),
                         out)
         return out
 
     # ------------------------------------------------------------------ the schedule
     def step(self, s: int, gen_key: jax.Array, learn: Callable[[Any], tuple[dict, dict]]
              ) -> tuple[dict[str, float], dict[str, dict]]:
-        """RL step `s`: its batch (`Trainer.collect`, or the one sampled in the background
-        during the previous update), then `learn` on it; off-policy, the next step's batch is
-        started first. Adds the schedule's metrics."""
-        t, t0 = self.trainer, time.perf_counter()
+        """RL step `s`: its batch (`collect`, or the one sampled in the background during the
+        previous update), then `learn` on it; off-policy, the next step's batch is started
+        first. Adds the schedule's metrics."""
+        t0 = time.perf_counter()
         self.reshard_s = 0.0
         if not self.off_policy:
             metrics, logged = learn(self._collect(gen_key))
@@ -226,12 +259,10 @@ class Rollouts:
         if self._pending is None:
             got = self._collect(gen_key)
         else:
-            got, cost = self._pending.result()
-            t.budget += cost
-            self._pending = None
+            got, self._pending = self._pending.result(), None
         wait = time.perf_counter() - t0
-        if s < t.cfg.train.steps:
-            self._launch(t.keys(s + 1)[0])
+        if s < self.steps:
+            self._launch(self._keys(s + 1)[0])
         metrics, logged = learn(got)
         metrics.update(policy_lag=float(lag), time_wait_s=wait,
                        time_step_s=time.perf_counter() - t0)
@@ -241,32 +272,31 @@ class Rollouts:
 
     def _launch(self, key: jax.Array) -> None:
         """Starts the next step's collect in the background, with a copy of the parameters
-        this step starts from, on a shallow copy of the trainer (its budget apart)."""
-        t = self.trainer
-        shadow = copy.copy(t)
-        shadow.budget = 0.0
-        self._own = own = self.weights_copy(t.policy)
-        self._start, self._record = t.sampler.position, []
+        this step starts from (its cost is charged when its step consumes it)."""
+        self._own = own = self.weights_copy(self._policy())
+        self._start, self._record = self.data.position, []
+        self._pending = self._pool.submit(self._collect_fn, key, own)
 
-        def work() -> tuple[Any, float]:
-            return shadow.collect(key, own), shadow.budget
-
-        self._pending = self._pool.submit(work)
-
-    def saved(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """The checkpoint record `meta`, with a pending batch's data position and sampler
-        calls (waits for it)."""
+    def saved(self, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
+        """(the checkpoint record `meta`, the arrays to save beside it): with a pending batch
+        (waited for), the data position before it and the name of its sampler calls' file in
+        the record, the calls' arrays beside it (`Checkpointer.save`)."""
         if self._pending is None:
-            return meta
+            return meta, None
         self._pending.result()
         calls = [_each(sharding.host_array, out) for out in self._record]
-        return {**meta, "data_position": self._start, PENDING_KEY: encode_outputs(calls)}
+        return ({**meta, "data_position": self._start, PENDING_KEY: checkpoint.ARRAYS_FILE},
+                pack_outputs(calls))
 
-    def restored(self, meta: dict[str, Any]) -> None:
+    def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
+                 ) -> None:
         """After a restore: the pending batch of `meta`, if any, is replayed by the next
-        collect (the data sampler is back at its position)."""
-        if self.off_policy and meta.get(PENDING_KEY):
-            self._replay = decode_outputs(meta[PENDING_KEY])
+        collect (the data sampler is back at its position); `arrays()` reads the
+        checkpoint's arrays (`Checkpointer.arrays`)."""
+        name = meta.get(PENDING_KEY) if self.off_policy else None
+        if name:  # else a base64 .npz in the record: a checkpoint from before the file
+            self._replay = unpack_outputs(arrays() if name == checkpoint.ARRAYS_FILE
+                                          else legacy_arrays(name))
 
     def close(self) -> None:
         """Waits for a batch still being sampled (its errors are the step's, not raised)."""

@@ -2,17 +2,22 @@
 batch of step k+1 sampled in a background thread with the parameters step k started from, its
 sampler log-probs π_old of the update. On `smoke`: the first step is the on-policy run's, one
 device and the (2, 2, 2) mesh agree, a run killed after its step-2 checkpoint (a batch pending
-for step 3) resumes bitwise; the pending batch's record round-trips exactly."""
+for step 3) resumes bitwise; the pending batch's arrays round-trip exactly, in an .npz beside the
+checkpoint's JSON record, committed with it."""
 
+import base64
+import io
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import config, sampling
+from ibpo_jax import config, sampling, sharding
 from ibpo_jax.config_schema import ConfigError
-from ibpo_jax.trainer import loop, offpolicy
+from ibpo_jax.data.sampler import IndexSampler
+from ibpo_jax.trainer import checkpoint, loop, offpolicy
 from tests.trainer.knob_harness import (
     SMOKE_EXACT,
     comparable,
@@ -29,18 +34,110 @@ def test_off_policy_steps_takes_0_or_1_with_the_samplers_own_log_probs():
             config.load("configs/ibpo_gspo.py:smoke", list(bad.items()))
 
 
-def test_a_pending_batch_record_round_trips_exactly():
+def _calls() -> list[sampling.SampleOutput]:
+    """Two sampler calls' host arrays; the second also reports entropy."""
     rng = np.random.default_rng(0)
     calls = [sampling.SampleOutput(rng.integers(0, 50, (8, 5)).astype(np.int32),
                                    rng.integers(0, 6, 8).astype(np.int32),
                                    rng.standard_normal((8, 5)).astype(np.float32))
              for _ in range(2)]
     calls[1] = calls[1]._replace(entropy=rng.standard_normal(8).astype(np.float32))
-    back = offpolicy.decode_outputs(offpolicy.encode_outputs(calls))
+    return calls
+
+
+def _assert_same_calls(back: list[sampling.SampleOutput], calls: list[sampling.SampleOutput]):
     assert len(back) == 2 and back[0].entropy is None  # a field the sampler left out
     for a, b in zip(calls, back):
         for x, y in zip(a, b):
-            assert x is y is None or (x.dtype == y.dtype and np.array_equal(x, y))
+            assert x is y is None or (x.dtype == y.dtype and x.tobytes() == y.tobytes())
+
+
+def _checkpointer_saving(tmp_path, arrays):
+    """A Checkpointer (keep 1) of tmp_path/ckpt whose step 1 holds `arrays`, and the record
+    and arrays it was given."""
+    ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", keep=1)
+    meta = {"step": 1, offpolicy.PENDING_KEY: checkpoint.ARRAYS_FILE}
+    ckpt.save(1, {"w": np.arange(3.0)}, meta, arrays=arrays)
+    return ckpt, meta
+
+
+def test_a_pending_batch_round_trips_exactly_in_a_file_the_record_names(tmp_path):
+    calls = _calls()
+    ckpt, meta = _checkpointer_saving(tmp_path, offpolicy.pack_outputs(calls))
+    assert (ckpt.path(1) / checkpoint.ARRAYS_FILE).is_file()
+    assert ckpt.meta(1) == meta  # the record names the file; the arrays are not in it
+    _assert_same_calls(offpolicy.unpack_outputs(
+        checkpoint.Checkpointer(tmp_path / "ckpt").arrays(1)), calls)
+
+
+def _rollouts(off_policy_steps: int) -> offpolicy.Rollouts:
+    """Rollouts on one device given only what it uses; nothing here samples or collects."""
+    cfg = config.load("configs/ibpo_gspo.py:smoke",
+                      [("rollout.off_policy_steps", str(off_policy_steps))])
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
+
+    def never(*_, **__):
+        raise AssertionError("a replay neither samples nor collects")
+
+    return offpolicy.Rollouts(cfg.rollout, steps=4, meshes=(mesh, mesh), dtype=jnp.float32,
+                              sampler=never, data=IndexSampler(8, seed=0), collect=never,
+                              policy=never, keys=never)
+
+
+def test_a_resumed_run_replays_the_pending_batch_of_either_record():
+    """The record names the checkpoint's file (read by `arrays`), or, written before the
+    file, holds the .npz in base64: either way the next sampler calls are the saved ones."""
+    calls = _calls()
+    packed = offpolicy.pack_outputs(calls)
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **packed)
+    legacy = base64.b64encode(buf.getvalue()).decode("ascii")
+    for name, arrays in ((checkpoint.ARRAYS_FILE, lambda: packed),
+                         (legacy, lambda: pytest.fail("a legacy record reads no file"))):
+        r = _rollouts(1)
+        assert r.saved({"step": 2}) == ({"step": 2}, None)  # nothing pending: the record alone
+        r.restored({"step": 2, offpolicy.PENDING_KEY: name}, arrays)
+        _assert_same_calls([_host(r.generate(None, None, None)) for _ in calls], calls)
+    r = _rollouts(0)  # on-policy: a pending entry means nothing, no file is read
+    r.restored({offpolicy.PENDING_KEY: checkpoint.ARRAYS_FILE},
+               lambda: pytest.fail("read on-policy"))
+    with pytest.raises(AssertionError, match="neither samples"):
+        r.generate(None, _Prompts(), None)
+
+
+class _Prompts:
+    lengths = np.zeros(4, np.int32)
+    tokens = np.zeros((4, 2), np.int32)
+
+
+def _host(out: sampling.SampleOutput) -> sampling.SampleOutput:
+    return sampling.SampleOutput(*(None if x is None else np.asarray(x) for x in out))
+
+
+def test_a_run_killed_mid_save_resumes_from_the_previous_checkpoint_whole(tmp_path,
+                                                                          monkeypatch):
+    """The arrays and the record are items of one orbax step directory, committed (renamed
+    from its temporary name) after both are written: a run killed after the .npz and before
+    the JSON, or the commit, leaves the previous step the latest, record and arrays intact."""
+    calls = _calls()
+    ckpt, meta = _checkpointer_saving(tmp_path, offpolicy.pack_outputs(calls))
+    written = []
+
+    def killed(self, directory, args):  # the .npz written, then the run dies
+        real_save(self, directory, args)
+        written.append(sorted(p.name for p in directory.iterdir()))
+        raise KeyboardInterrupt("killed")
+
+    real_save = checkpoint.NpzHandler.save
+    monkeypatch.setattr(checkpoint.NpzHandler, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(2, {"w": np.arange(3.0) + 1}, {**meta, "step": 2},
+                  arrays=offpolicy.pack_outputs(calls[::-1]))
+    assert written == [["arrays.npz"]]
+    monkeypatch.undo()
+    again = checkpoint.Checkpointer(tmp_path / "ckpt", keep=1)  # the restarted run's
+    assert again.all_steps() == [1] and again.latest_meta() == (1, meta)
+    _assert_same_calls(offpolicy.unpack_outputs(again.arrays(1)), calls)
 
 
 def test_the_pool_is_scored_by_one_thread_at_a_time():
@@ -75,8 +172,13 @@ def test_off_policy_runs_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tm
     ref = run_match_mesh_resume(smoke_data_dir, tmp_path, {"rollout.off_policy_steps": 1},
                                 exact=EXACT)
     # The step-2 checkpoint the harness resumed from was written while step 3's batch was pending.
-    meta = loop.Checkpointer(tmp_path / "one" / "checkpoints").meta(2)
+    ckpt = loop.Checkpointer(tmp_path / "one" / "checkpoints")
+    meta = ckpt.meta(2)
     assert meta[offpolicy.PENDING_KEY] and meta["data_position"] == 2 * 4
+    # The record names the batch's file (its 4 x G 4 rows sampled in one call) and holds none
+    # of its arrays.
+    assert meta[offpolicy.PENDING_KEY] == checkpoint.ARRAYS_FILE
+    assert [len(ckpt.arrays(2)[f"{k}_0"]) for k in ("tokens", "lengths", "logprobs")] == [16] * 3
     assert [r["policy_lag"] for r in ref[1:]] == [0, 1, 1, 1]
     assert "policy_lag" not in on[1]  # off_policy_steps 0: today's rows
     # Step 1 is sampled on-policy: the same batch; π_old is the sampler's log-probs instead of
