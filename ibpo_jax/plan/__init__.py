@@ -83,12 +83,14 @@ def _search_update(cfg: Any, mesh: Any, capacity: int, start: int, *, target: st
                                           if cfg.optim.microbatches != "auto" else start,
                                           target)
     lo, hi = 0, len(choices) - 1
-    tried = {}
+    tried, credit = {}, []  # φ's output, compiled once: the same for every count
 
     def probe(i):
         if i not in tried:
             s = programs.setup(cfg, mesh, choices[i], target)
-            upd = programs.compile_update(s)
+            if not credit:
+                credit.append(programs.compile_credit(s, force=True)[1])
+            upd = programs.compile_update(s, credit[0], force=True)
             peak = _device_peak(upd[0], sum(s.resident.values()))
             if log:
                 log(f"  update with optim.microbatches={choices[i]}: "
@@ -190,11 +192,10 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     bytes), flops_per_step, predicted_step_s, devices, hardware, attention, ...; and, when it
     does not fit, `error` (one line naming the program, the bytes and the knob)}. Raises
     PlanError (one line) for hardware, devices or mesh it cannot use. `only`: compile just
-    these programs (e.g. ("update", "decode"), for tests); the others count FLOPs only."""
-    import jax
-
+    these programs (e.g. ("update", "decode"), for tests) and those whose outputs they take
+    (`programs.FEEDS`: the shardings of their inputs), with the same figures as the full
+    plan; the others count FLOPs only."""
     from ibpo_jax import chips
-    from ibpo_jax.plan import flops as flops_lib
     from ibpo_jax.plan import programs
 
     try:
@@ -202,7 +203,19 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     except chips.UnknownChipError as e:
         raise PlanError(str(e)) from None
     mesh = _mesh(cfg, devices)
-    programs.LOG, programs.ONLY = log, only
+    programs.LOG, programs.ONLY = log, programs.compiled_names(only)
+    try:
+        return _plan(cfg, chip, mesh, only, log)
+    finally:  # module state: a later search (the trainer's "auto") compiles everything
+        programs.LOG, programs.ONLY = None, None
+
+
+def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> dict:
+    import jax
+
+    from ibpo_jax.plan import flops as flops_lib
+    from ibpo_jax.plan import programs
+
     n_dev = mesh.devices.size
     capacity = _capacity(chip)
     mb, target = cfg.optim.microbatches, chip.platform
@@ -213,9 +226,11 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
         s, upd = programs.setup(cfg, mesh, mb, target), None
     progs = programs.compile_all(s, update=upd)
     resident = s.resident
-    table = _program_table(progs, s, chip, n_dev, sum(resident.values()), only)
-    t_total = sum((row["runs"] * row["roofline_s_per_run"] for row in table), 0.0)
-    f_total = sum((row["runs"] * row["flops_per_run"] for row in table), 0.0)
+    rows = _program_table(progs, s, chip, n_dev, sum(resident.values()))
+    # FLOPs and time count every program; memory only what was compiled (`only`)
+    t_total = sum((row["runs"] * row["roofline_s_per_run"] for row in rows), 0.0)
+    f_total = sum((row["runs"] * row["flops_per_run"] for row in rows), 0.0)
+    table = [row for row in rows if only is None or row["note"] != "not compiled"]
     worst = max(table, key=lambda row: row["device_peak"])
     kv_full = programs.kv_cache_bytes(s, s.cfg.rollout.max_new_tokens)
     est = _analytic(cfg, s.config, s.options, mesh, mb, flops_lib)
@@ -244,8 +259,7 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     return out
 
 
-def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int,
-                   only: tuple[str, ...] | None) -> list[dict]:
+def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int) -> list[dict]:
     """One row per program: its memory (device peak with the resident state), FLOPs, HBM
     bytes and roofline time per run, and XLA:CPU's estimated float32 weight upcast."""
     import jax
@@ -254,8 +268,6 @@ def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int,
     peak_flops, bw = chip.bf16_flops, chip.hbm_bytes_per_s
     upcast = jax.default_backend() == "cpu" and chip.platform != "cpu"
     for p in progs:
-        if only is not None and p.note == "not compiled":
-            continue
         flops = max(p.count.flops, p.xla_flops)
         hbm = p.hbm_bytes if p.hbm_bytes is not None else max(p.count.bytes, p.xla_bytes) / n_dev
         t = max(flops / (n_dev * peak_flops), hbm / bw)

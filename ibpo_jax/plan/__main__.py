@@ -28,7 +28,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    "hardware count, else the product of the mesh's fixed axes)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--only", default="", help="compile only these programs, comma-separated "
-                   "(e.g. update,decode: quicker checks; the others count FLOPs only)")
+                   "(e.g. update,decode: quicker checks, same figures as the full plan; also "
+                   "compiled: the programs whose outputs they take, the sampler's weight copy "
+                   "and φ; the others count FLOPs only)")
     p.add_argument("--verbose", action="store_true", help="log each compile to stderr")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p.parse_known_args(argv)

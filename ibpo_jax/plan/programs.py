@@ -142,11 +142,27 @@ def _itemsize(dtype: Any) -> int:
 
 LOG = None  # a print-like function for compile progress (set by plan_json)
 ONLY: tuple[str, ...] | None = None  # compile only these programs (tests); None = all
+# The programs whose outputs a program takes: their compile picks those inputs' shardings (a
+# trace has none, and `concrete` would replicate every array: decode's KV cache whole on each
+# device, 2x the 8B decode's device peak), so compiling a program compiles these too. ALWAYS:
+# the sampler's weight copy sets every plan's decode bytes per step (`decode_step_bytes`), and
+# φ's FLOPs are XLA's count (it has no matmuls): both are cheap to compile.
+FEEDS = {"prefill": ("sampling weights",), "decode": ("sampling weights", "prefill"),
+         "update": ("credit (φ)",)}
+ALWAYS = ("sampling weights", "credit (φ)")
 
 
-def _compile(name: str, traced: Any, runs: float, resident_args: int, note: str = ""
-             ) -> tuple[Program, Any]:
-    if ONLY is not None and name not in ONLY:  # FLOPs still counted, memory left out
+def compiled_names(only: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The programs a plan of `only` compiles: those named, those whose outputs they take
+    (FEEDS) and ALWAYS; None (all) for None."""
+    if only is None:
+        return None
+    return tuple(dict.fromkeys(n for o in (*ALWAYS, *only) for n in (*FEEDS.get(o, ()), o)))
+
+
+def _compile(name: str, traced: Any, runs: float, resident_args: int, note: str = "", *,
+             force: bool = False) -> tuple[Program, Any]:
+    if not force and ONLY is not None and name not in ONLY:  # FLOPs counted, no memory
         return Program(name, 0, 0, 0, 0, runs, flops_lib.count_traced(traced), 0.0,
                        resident_args, "not compiled"), None
     t0 = time.perf_counter()
@@ -244,27 +260,40 @@ def spec_of(s: Setup) -> step.StepSpec:
         microbatches=s.microbatches)
 
 
-def compile_update(s: Setup, credit_out: Any | None = None) -> tuple[Program, Any]:
-    """The update (π_ref / π_old scoring, then epochs × minibatches × micro-batches)."""
-    rollout, key, plan, is_delim = _rollout(s)
+def compile_credit(s: Setup, *, force: bool = False) -> tuple[Program, Any]:
+    """φ (`step.credit`): its program and its first output (the update's input) with the
+    shardings its compile chose."""
+    rollout, _, _, is_delim = _rollout(s)
+    with jax.set_mesh(s.mesh):
+        traced = jax.jit(functools.partial(step.credit, spec_of(s))).trace(rollout, is_delim)
+        prog, compiled = _compile("credit (φ)", traced, 1, 0, force=force)
+        return prog, outputs(traced, compiled, s.mesh)[0]
+
+
+def compile_update(s: Setup, credit_out: Any | None = None, *, force: bool = False
+                   ) -> tuple[Program, Any]:
+    """The update (π_ref / π_old scoring, then epochs × minibatches × micro-batches); `force`:
+    compiled whatever ONLY says (the micro-batch search). Without `credit_out`, φ is compiled
+    for its output's shardings."""
+    rollout, key, plan, _ = _rollout(s)
     spec = spec_of(s)
     state_shardings = jax.tree.map(lambda a: a.sharding, s.state)
-    credit_fn, update_fn = step.step_functions(spec, s.optimizer, state_shardings)
+    _, update_fn = step.step_functions(spec, s.optimizer, state_shardings)
+    if credit_out is None:
+        credit_out = compile_credit(s, force=True)[1]
     with jax.set_mesh(s.mesh):
-        if credit_out is None:
-            credit_out = concrete(credit_fn.trace(rollout, is_delim).out_info[0], s.mesh)
         traced = update_fn.trace(s.state, s.reference, rollout, credit_out, key, plan)
         mb, r = s.microbatches, s.cfg.rollout
         rows = r.prompts_per_step * r.group_size // mb // s.cfg.optim.minibatches
         return _compile("update", traced, 1, device_bytes((s.state, s.reference)),
-                        f"{mb} micro-batch{'es' if mb > 1 else ''} of {rows} rows")
+                        f"{mb} micro-batch{'es' if mb > 1 else ''} of {rows} rows", force=force)
 
 
 def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
     """Every program of one RL step (the update's compile can be passed in: the search for
     micro-batches already made it)."""
     mesh, r = s.mesh, s.cfg.rollout
-    rollout, key, plan, is_delim = _rollout(s)
+    rollout, key, plan, _ = _rollout(s)
     spec = spec_of(s)
     programs = []
     gen = sampling.generate_fn(s.config, s.options, max_new_tokens=r.max_new_tokens,
@@ -290,11 +319,8 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
         programs.append(prog)
         state = outputs(traced, compiled, mesh)
         programs += _decode(s, gen, weights, state, calls)
-        credit_fn = jax.jit(functools.partial(step.credit, spec))
-        traced = credit_fn.trace(rollout, is_delim)
-        prog, compiled = _compile("credit (φ)", traced, 1, 0)
+        prog, credit_out = compile_credit(s)
         programs.append(prog)
-        credit_out = outputs(traced, compiled, mesh)[0]
         # π_ref / π_old scoring runs inside the update (its memory is the update's): traced
         # for its FLOPs only.
         score = jax.jit(functools.partial(step.prepare_batch, spec))

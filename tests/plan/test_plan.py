@@ -25,7 +25,7 @@ import pytest
 from ibpo_jax import config
 from ibpo_jax.plan import flops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 2 ** 30
 
 
