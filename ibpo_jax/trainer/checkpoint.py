@@ -145,6 +145,8 @@ class Checkpointer:
         as step `step`, all at once: orbax writes the items into a temporary step directory
         and commits it complete, so a run killed mid-save never leaves a record without its
         arrays (the previous checkpoint stays the latest)."""
+        if arrays is not None:  # named in the record: a restore checks that the file reads
+            meta = {**meta, ARRAYS: ARRAYS_FILE}
         items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
         if arrays is not None:
             items[ARRAYS] = NpzSave(arrays)
@@ -198,6 +200,8 @@ class Checkpointer:
             raise _Damaged(_reason(e)) from e
         self._check_fits(step, target, meta)
         try:
+            if meta.get(ARRAYS):  # saved with arrays: a step whose arrays do not read is damaged
+                self.arrays(step)
             return self.restore(step, target)
         except Exception as e:
             raise _Damaged(_reason(e)) from e

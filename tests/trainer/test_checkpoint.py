@@ -11,6 +11,8 @@ import pytest
 
 from ibpo_jax import config
 from ibpo_jax.trainer.checkpoint import (
+    ARRAYS,
+    ARRAYS_FILE,
     Checkpointer,
     CheckpointError,
     CheckpointMismatch,
@@ -68,6 +70,26 @@ def test_damaged_latest_falls_back_to_the_newest_intact(saved, damage):
     assert (saved / "checkpoints_skipped" / "6").is_dir()
     ckpt.save(6, jax.tree.map(lambda x: x + 1, state), {"step": 6, "data_position": 60})
     assert ckpt.latest_step() == 6 and ckpt.restore(6, _state())[1]["data_position"] == 60
+    ckpt.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+def test_a_step_whose_arrays_do_not_read_is_damaged(tmp_path, damage):
+    """The off-policy pending batch is an .npz item of its step: without it the step cannot
+    resume as the uninterrupted run, so the restore falls back to the step before."""
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
+    for step in (2, 4):
+        ckpt.save(step, _state(scale=step), {"step": step},
+                  arrays={"tokens_0": np.full((2, 3), step, np.int32)})
+    assert ckpt.meta(4)[ARRAYS] == ARRAYS_FILE
+    np.testing.assert_array_equal(ckpt.arrays(4)["tokens_0"], np.full((2, 3), 4))
+    ckpt.close()
+    npz = tmp_path / "checkpoints" / "4" / ARRAYS_FILE
+    npz.unlink() if damage == "missing" else _truncate(npz)
+    logged = []
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
+    step, _, meta = ckpt.restore_latest(_state(), log=logged.append)
+    assert step == 2 and len(logged) == 1 and "checkpoints/4" in logged[0]
     ckpt.close()
 
 

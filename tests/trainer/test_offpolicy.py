@@ -65,7 +65,7 @@ def test_a_pending_batch_round_trips_exactly_in_a_file_the_record_names(tmp_path
     calls = _calls()
     ckpt, meta = _checkpointer_saving(tmp_path, offpolicy.pack_outputs(calls))
     assert (ckpt.path(1) / checkpoint.ARRAYS_FILE).is_file()
-    assert ckpt.meta(1) == meta  # the record names the file; the arrays are not in it
+    assert ckpt.meta(1) == {**meta, checkpoint.ARRAYS: checkpoint.ARRAYS_FILE}  # names the file
     _assert_same_calls(offpolicy.unpack_outputs(
         checkpoint.Checkpointer(tmp_path / "ckpt").arrays(1)), calls)
 
@@ -136,7 +136,8 @@ def test_a_run_killed_mid_save_resumes_from_the_previous_checkpoint_whole(tmp_pa
     assert written == [["arrays.npz"]]
     monkeypatch.undo()
     again = checkpoint.Checkpointer(tmp_path / "ckpt", keep=1)  # the restarted run's
-    assert again.all_steps() == [1] and again.latest_meta() == (1, meta)
+    assert again.all_steps() == [1] and again.latest_meta() == (
+        1, {**meta, checkpoint.ARRAYS: checkpoint.ARRAYS_FILE})
     _assert_same_calls(offpolicy.unpack_outputs(again.arrays(1)), calls)
 
 
