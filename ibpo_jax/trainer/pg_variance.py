@@ -8,10 +8,12 @@ covariance of these per-group contributions:
 
     pg_var = Σ_b ‖g_b - ḡ‖² / (B - 1),   ḡ = (1/B) Σ_b g_b,
 
-logged with ‖ḡ‖² (`pg_mean_sqnorm`) beside it, so a reader can tell a smaller variance from a
-smaller gradient. Per-group gradients are accumulated with Welford's update, one group at a
-time in a `lax.scan`: memory is two parameter-sized trees, whatever B is, and no cancellation
-of Σ‖g_b‖² - B‖ḡ‖² in float32.
+over the B groups that hold a valid row (`Rollout.valid`: dynamic sampling's filler groups are
+no part of the batch's gradient, so no part of its spread either), logged with ‖ḡ‖²
+(`pg_mean_sqnorm`) beside it, so a reader can tell a smaller variance from a smaller
+gradient. Per-group gradients are accumulated with Welford's update, one group at a time in a
+`lax.scan`: memory is two parameter-sized trees, whatever B is, and no cancellation of
+Σ‖g_b‖² - B‖ḡ‖² in float32.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def group_gradient_variance(
     loss_terms: Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]],
     params: Any,
     n_groups: int,
+    live: jax.Array | None = None,
 ) -> dict[str, jax.Array]:
     """PG variance of the per-group gradients of Σ_b num_b / Σ_b den_b.
 
@@ -51,6 +54,9 @@ def group_gradient_variance(
         not depend on params: its gradient is ignored).
       params: the policy parameters the gradients are taken at.
       n_groups: B >= 2.
+      live: [B] bool, the groups that count (None: all). The others (dynamic sampling's
+        fillers: no valid row, so num_b = den_b = 0) are skipped, not taken as zero
+        gradients: B below is their number, and with fewer than 2 of them pg_var is 0.
 
     Returns:
       dict of float32 scalars: pg_var (Σ‖g_b - ḡ‖² / (B - 1)), pg_mean_sqnorm (‖ḡ‖²) and
@@ -60,23 +66,32 @@ def group_gradient_variance(
         raise ValueError(f"policy-gradient variance needs >= 2 groups, got {n_groups}")
     grad_fn = jax.grad(lambda p, b: loss_terms(p, b), has_aux=True)  # -> (∇num_b, den_b)
 
-    def step(carry, b):
-        mean, m2, den = carry
+    def add(carry, b):  # Welford's update with group b, the k-th that counts
+        mean, m2, den, k = carry
         g, den_b = grad_fn(params, b)
-        k = (b + 1).astype(jnp.float32)
+        k = k + 1.0
         delta = jax.tree.map(lambda x, m: x.astype(jnp.float32) - m, g, mean)
         mean = jax.tree.map(lambda m, d: m + d / k, mean, delta)
         resid = jax.tree.map(lambda x, m: x.astype(jnp.float32) - m, g, mean)
-        return (mean, m2 + _vdot(delta, resid), den + jax.lax.stop_gradient(den_b)), None
+        return mean, m2 + _vdot(delta, resid), den + jax.lax.stop_gradient(den_b), k
+
+    def step(carry, xs):
+        b, keep = xs
+        if keep is None:
+            return add(carry, b), None
+        return jax.lax.cond(keep, add, lambda c, _: c, carry, b), None  # a filler: no pass
 
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
-    init = (zeros, jnp.float32(0.0), jnp.float32(0.0))
-    (mean, m2, den), _ = jax.lax.scan(step, init, jnp.arange(n_groups, dtype=jnp.int32))
+    init = (zeros, jnp.float32(0.0), jnp.float32(0.0), jnp.float32(0.0))
+    (mean, m2, den, k), _ = jax.lax.scan(
+        step, init, (jnp.arange(n_groups, dtype=jnp.int32), live))
     inv = jnp.where(den > 0, 1.0 / jnp.where(den > 0, den, 1.0), 0.0)  # g_b = ∇num_b / D
+    # k counts the groups that count; one or none: m2 = 0, so pg_var = 0 (no 0 / 0).
+    n, dof = (n_groups, n_groups - 1) if live is None else (k, jnp.maximum(k - 1.0, 1.0))
     return {
-        "pg_var": m2 * inv**2 / (n_groups - 1),
+        "pg_var": m2 * inv**2 / dof,
         "pg_mean_sqnorm": _sqnorm(mean) * inv**2,
-        "grad_sum": jax.tree.map(lambda m: m * (n_groups * inv), mean),
+        "grad_sum": jax.tree.map(lambda m: m * (n * inv), mean),
     }
 
 
@@ -109,6 +124,12 @@ def split_gradients(
     return out
 
 
+def _live_groups(valid: jax.Array | None, g: int) -> jax.Array | None:
+    """[B] bool: the groups holding a valid row of `Rollout.valid` [N] (None: all count);
+    dynamic sampling's fillers do not."""
+    return None if valid is None else jnp.any(credit_lib.groups(valid, g), -1)
+
+
 def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: step.Rollout,
             cred: step.Credit, plan: packing.Plan, is_delim: jax.Array
             ) -> dict[str, jax.Array]:
@@ -123,11 +144,13 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
     of their tokens before the first error (issue 16: did the credit move there?); `is_delim`
     as for `credit.credit`. `spec` is the run's
     `step.StepSpec` (any layout: the per-group gradients use the "grouped" one), `plan` the
-    identity packing plan of the batch (partition unit G). The value loss (PPO) is not part of
+    identity packing plan of the batch (partition unit G). Groups without a valid row
+    (`rollout.valid`) are left out. The value loss (PPO) is not part of
     the policy gradient and is left out.
     """
     spec = dataclasses.replace(spec, layout="grouped")
     n_groups = rollout.reward.shape[0] // spec.group_size
+    live = _live_groups(rollout.valid, spec.group_size)
     batch, _ = step.prepare_batch(spec, state, ref_params, rollout, cred, plan)
     zero = jnp.zeros_like(cred.phi)
     adv0 = credit_lib.group_advantages(spec, rollout, zero)  # [N]; token credit: Δ = φ = 0
@@ -149,7 +172,8 @@ def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: st
     for suffix, c in variants:
         b = step.with_advantages(spec, batch._replace(adv=c.adv), c)
         r = group_gradient_variance(
-            lambda p, g, b=b: step.group_policy_terms(spec, p, b, g), state.params, n_groups)
+            lambda p, g, b=b: step.group_policy_terms(spec, p, b, g), state.params, n_groups,
+            live)
         out["pg_var" + suffix] = r["pg_var"]
         out["pg_mean_sqnorm" + suffix] = r["pg_mean_sqnorm"]
         if sides is not None:

@@ -63,6 +63,31 @@ def test_identical_groups_have_zero_variance_and_one_group_is_refused():
         pg_variance.group_gradient_variance(terms, params, 1)
 
 
+def _flat_grads(num, params, groups, den):
+    return np.stack([np.concatenate([np.ravel(v) for v in jax.tree.leaves(
+        jax.grad(num)(params, b))]) / den for b in groups])
+
+
+def test_groups_that_do_not_count_are_skipped_not_taken_as_zero_gradients():
+    params, terms, num, _, lengths = _problem(2)
+    live = jnp.array([True, False, True, True, False])
+    out = jax.jit(lambda p, v: pg_variance.group_gradient_variance(terms, p, B, v))(params, live)
+    # The plain loop over groups 0, 2, 3 alone: their own normalizer, mean and B - 1 = 2.
+    flat = _flat_grads(num, params, [0, 2, 3], float(jnp.sum(lengths[jnp.array([0, 2, 3])])))
+    mean = flat.mean(0)
+    np.testing.assert_allclose(out["pg_var"], ((flat - mean) ** 2).sum() / 2, rtol=1e-5)
+    np.testing.assert_allclose(out["pg_mean_sqnorm"], (mean**2).sum(), rtol=1e-5)
+    got = np.concatenate([np.ravel(v) for v in jax.tree.leaves(out["grad_sum"])])
+    np.testing.assert_allclose(got, flat.sum(0), rtol=1e-5, atol=1e-7)
+    # One group left: no spread (0, not 0 / 0); its gradient is the mean. None: all zeros.
+    one = pg_variance.group_gradient_variance(terms, params, B, jnp.arange(B) == 3)
+    g3 = _flat_grads(num, params, [3], float(lengths[3].sum()))[0]
+    assert float(one["pg_var"]) == 0.0
+    np.testing.assert_allclose(one["pg_mean_sqnorm"], (g3**2).sum(), rtol=1e-5)
+    none = pg_variance.group_gradient_variance(terms, params, B, jnp.zeros(B, bool))
+    assert float(none["pg_var"]) == float(none["pg_mean_sqnorm"]) == 0.0
+
+
 # ----------------------------------------------------------------- on the step's own loss
 
 def _step_setup(algo, **overrides):
@@ -155,3 +180,27 @@ def test_token_parts_of_the_gradient_add_up_to_the_update_gradient(credit):
     share = norm(parts[0]) / (norm(parts[0]) + norm(parts[1]))
     np.testing.assert_allclose(out["grad_share_before_error"], share, rtol=1e-4)
     assert 0 < share < 1
+
+
+def test_measure_leaves_dynamic_sampling_fillers_out():
+    """A batch whose middle group is a filler (invalid rows, as dynamic sampling leaves when
+    short of mixed groups) measures what the batch of its two valid groups alone does: the
+    filler is neither a zero gradient in the spread nor a third group in B - 1."""
+    from ibpo_jax.trainer import packing, step
+    from tests.trainer.test_step import GROUP0, GROUP1, IS_DELIM, REWARDS0, REWARDS1, _rollout
+
+    spec, state, ref, _, _, plan = _step_setup("ibpo_gspo")
+    mixed = (1.0, -1.0, -1.0, -1.0)  # group 1's responses, one scored right
+    # The filler in the middle: an all-wrong group, as dynamic sampling fills with.
+    filled = _rollout([*GROUP0, *GROUP1, *GROUP1], [*REWARDS0, *REWARDS1, *mixed])._replace(
+        valid=jnp.arange(12) // G != 1)
+    cred = jax.jit(lambda r: step.credit(spec, r, IS_DELIM)[0])(filled)
+    got = _measure(spec, state, ref, filled, cred, plan)
+    alone = _rollout([*GROUP0, *GROUP1], [*REWARDS0, *mixed])
+    cred = jax.jit(lambda r: step.credit(spec, r, IS_DELIM)[0])(alone)
+    want = _measure(spec, state, ref, alone, cred,
+                    packing.identity(np.asarray(alone.prompt_len), 4, 4))
+    assert got.keys() == want.keys()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-5, err_msg=k)
+    assert float(want["pg_var"]) > 0 and float(want["pg_var_ratio"]) != 1.0

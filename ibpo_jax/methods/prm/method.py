@@ -10,7 +10,8 @@ GSPO on r̃.
 
 Logged: the fit (`prm_fit_*`, at step 0), and per step the mean process reward and, on tasks
 whose checker reports the first wrong step (arith), how often the PRM's step scores agree with
-it (`prm_label_accuracy`; the Monte-Carlo labels' own agreement is `prm_mc_label_accuracy`).
+it (`prm_label_accuracy`; the Monte-Carlo labels' own agreement is `prm_mc_label_accuracy`),
+both over the batch's valid rows (dynamic sampling's fillers left out).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ibpo_jax.methods.base import Context, Method, Scored
 from ibpo_jax.methods.prm import labels
 from ibpo_jax.methods.prm import model as prm
 from ibpo_jax.registry import METHODS
+from ibpo_jax.trainer import credit as credit_lib
 from ibpo_jax.trainer.batching import encode_prompts
 
 FIT_SEED = 0x9A3  # the fit's draws: a stream of its own, the same for every RL step count
@@ -160,10 +162,13 @@ class PrmReward(Method):
                                       rollout.response_len, ctx.is_delim)
             lowest = prm.min_over_steps(prob, valid)
             reward = rollout.reward + self.cfg.weight * lowest
-        metrics = {"prm_mean": float(jax.numpy.mean(lowest))}
+        # Over the trained rows: dynamic sampling's fillers (`Rollout.valid`) are left out.
+        metrics = {"prm_mean": float(credit_lib.live_mean(lowest, rollout.valid))}
         truth = _truth(batch.infos)
         if truth is not None:  # the task's checker reports first wrong steps (`arith`)
             prob, valid = (sharding.host_array(x)[batch.rows] for x in (prob, valid))
+            if rollout.valid is not None:
+                valid = valid & sharding.host_array(rollout.valid)[batch.rows][:, None]
             # Counts over this process's rows, summed over processes.
             hits, n = sharding.process_sum(np.array(prm.label_agreement(prob, valid, truth)))
             metrics["prm_label_accuracy"] = float(hits / n) if n else float("nan")
