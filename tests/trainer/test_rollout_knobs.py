@@ -8,7 +8,8 @@ import pytest
 from tests.trainer.knob_harness import SMOKE_EXACT, run_match_mesh_resume
 
 KNOBS = {"rollout.dynamic_sampling": True, "rollout.max_sampling_rounds": 2,
-         "reward.overlong": "soft", "reward.overlong_buffer": 16}
+         "reward.overlong": "soft", "reward.overlong_buffer": 16,
+         "diagnostics.grad_var_every": 2}  # pg_var over the live groups, on the mesh too
 COUNTS = ("groups_filtered", "sampling_rounds", "trajectories_sampled", "groups_mixed")
 
 
