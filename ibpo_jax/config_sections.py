@@ -55,8 +55,12 @@ class LoraConfig(_Section):
     targets: str = "q,k,v,o,gate,up,down"
     """Comma list of the adapted projections: q, k, v, o, gate, up, down."""
     dropout: float = 0.0
-    """Dropout on the adapters' input; only 0 is supported (with dropout the update's passes
-    would not reproduce π_old's log-probs, so the first update's ratio would not be 1)."""
+    """Inverted dropout on the adapters' input, h = W0 x + (alpha / r) B A dropout(x) (Hu et al.
+    2021; PEFT's `lora_dropout`), in [0, 1): only in the update's gradient passes, never in
+    sampling, π_old / π_ref, evaluation, diagnostics or export. π_old is then a pass without
+    it (the sampler's log-probs off-policy), so the first update's ratio is not exactly 1, as
+    in PEFT-based trainers; it costs one extra forward pass per step with one update per
+    rollout. A regularizer for small data / many epochs (PEFT's 0.05-0.1); 0 = off."""
 
     def check(self):
         from ibpo_jax.models import lora
@@ -68,7 +72,8 @@ class LoraConfig(_Section):
         except ValueError as e:
             self._require("targets", False, str(e))
         self._unit("dropout", open_high=True)
-        self._require("dropout", self.dropout == 0, "only 0 is supported (see its docstring)")
+        self._require("dropout", self.dropout == 0 or self.rank > 0,
+                      "dropout on the adapters needs LoRA (config.model.lora.rank > 0)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -191,6 +191,8 @@ class ModelOptions:
     lora_rank, lora_alpha: LoRA (`models.lora`): the trained params are adapters of this rank
       over a frozen base, scaled by alpha / rank; 0 = off (the whole model is trained). The
       model adds whatever adapters its params hold; this says how the trainer splits them.
+    lora_dropout: dropout rate on the adapters' input (`lora.dropout`), applied only in an
+      apply given a `qwen3.DROPOUT_RNG` key (the update's gradient passes); 0 = off.
     """
 
     dtype: Any = jnp.float32
@@ -203,6 +205,7 @@ class ModelOptions:
     attention_block_kv: int = 512
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
 
     def __post_init__(self):
         for name in ("dtype", "param_dtype"):
@@ -222,3 +225,6 @@ class ModelOptions:
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, (int, np.integer)) \
                 or self.lora_rank < 0:
             raise ConfigError(f"ModelOptions.lora_rank must be an int >= 0, got {self.lora_rank!r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise ConfigError(f"ModelOptions.lora_dropout must be in [0, 1), got "
+                              f"{self.lora_dropout!r}")

@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import sharding
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
-from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask, positions_from_segments
+from ibpo_jax.models.qwen3 import DROPOUT_RNG, Qwen3, positions_from_mask, positions_from_segments
 
 Array = jax.Array
 
@@ -112,6 +112,11 @@ def _next_token_stats(model: Qwen3, variables: Any, h: Array, targets: Array,
     return jax.tree.map(lambda a: a.swapaxes(0, 1).reshape(b, n * logits_chunk)[:, :t], out)
 
 
+def _dropout_rngs(key: Array | None) -> dict[str, Array] | None:
+    """The apply's rngs: the adapters' dropout key (`qwen3.project`), or none."""
+    return None if key is None else {DROPOUT_RNG: key}
+
+
 def _values(model: Qwen3, variables: Any, hidden: Array, wanted: bool) -> Array | None:
     """The value head on hidden [..., D] -> [...] float32, or None when not `wanted`."""
     if not wanted:
@@ -125,7 +130,8 @@ def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, toke
                    attention_mask: Array | None = None, *, segment_ids: Array | None = None,
                    temperature: float = 1.0, return_entropy: bool = False,
                    return_values: bool = False, logits_chunk: int = 0,
-                   layout: sharding.ShardingSpec = sharding.TRAINING) -> TokenLogprobs:
+                   layout: sharding.ShardingSpec = sharding.TRAINING,
+                   dropout_key: Array | None = None) -> TokenLogprobs:
     """log softmax(logits / temperature) of each next token, in float32.
 
     tokens, attention_mask: [B, T]. Packed rows instead give `segment_ids` [B, T] int (0 =
@@ -133,7 +139,9 @@ def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, toke
     attention and positions stay within each sequence, and a sequence's first token gets
     log-prob 0 like column 0. `logits_chunk` > 0 computes the unembedding and log-softmax over
     chunks of that many positions, each rematerialized in the backward pass, so the [B, T, V]
-    float32 logits never exist whole (large vocabularies); 0 = in one go.
+    float32 logits never exist whole (large vocabularies); 0 = in one go. `dropout_key`: the
+    LoRA adapters' dropout key (`options.lora_dropout` > 0; the update's gradient passes
+    only); None = no dropout.
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -152,7 +160,7 @@ def token_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, toke
         positions = positions_from_segments(segment_ids)
         same = segment_ids[:, 1:] == segment_ids[:, :-1]
     hidden, _ = model.apply(variables, tokens, positions, mask, segment_ids,
-                            method=Qwen3.encode)
+                            method=Qwen3.encode, rngs=_dropout_rngs(dropout_key))
     lp, ent = _next_token_stats(model, variables, hidden[:, :-1], tokens[:, 1:], temperature,
                                 return_entropy, logits_chunk)
     b = tokens.shape[0]
@@ -170,8 +178,10 @@ def response_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, p
                       prompt_len: Array, response: Array, *, temperature: float = 1.0,
                       return_entropy: bool = False, return_values: bool = False,
                       logits_chunk: int = 0,
-                      layout: sharding.ShardingSpec = sharding.TRAINING) -> TokenLogprobs:
-    """Per-token statistics of R responses per prompt, each prompt encoded once.
+                      layout: sharding.ShardingSpec = sharding.TRAINING,
+                      dropout_key: Array | None = None) -> TokenLogprobs:
+    """Per-token statistics of R responses per prompt, each prompt encoded once
+    (`dropout_key` as in `token_logprobs`).
 
     prompt [B, P] int, left-padded to prompt_len [B]; response [B*R, N] int, row b*R + r a
     continuation of prompt b, padding (if any) after its real tokens. Entry [i, j] is about
@@ -192,7 +202,8 @@ def response_logprobs(config: Qwen3Config, options: ModelOptions, params: Any, p
     model = Qwen3(config, options, layout)
     variables = {"params": params}
     prompt_mask = jnp.arange(p)[None, :] >= (p - prompt_len)[:, None]
-    hp, hr = model.apply(variables, prompt, prompt_mask, response, method=Qwen3.encode_grouped)
+    hp, hr = model.apply(variables, prompt, prompt_mask, response, method=Qwen3.encode_grouped,
+                         rngs=_dropout_rngs(dropout_key))
     # Response token j is predicted from the token before it: the prompt's last for j = 0.
     h = jnp.concatenate([jnp.repeat(hp[:, -1:], br // b, axis=0), hr[:, :-1]], axis=1)
     lp, ent = _next_token_stats(model, variables, h, response, temperature, return_entropy,

@@ -1,6 +1,9 @@
 """LoRA adapters on the Qwen3 projections (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large
 Language Models", eq. 3: h = W0 x + (alpha / r) B A x, B initialised to 0).
 
+Dropout (`dropout`, `ModelOptions.lora_dropout` > 0) acts on the adapter's input only, and
+only in a pass given a "lora_dropout" rng (`qwen3.project`): the update's gradient passes.
+
 The adapters are a params pytree of their own that mirrors the base's dicts and holds only
 `{proj}_lora_a` [..., I, r] and `{proj}_lora_b` [..., r, O] leaves beside the adapted weight
 `{proj}` (I, O: the weight's input and output axes flattened as `qwen3.dense` uses it; a
@@ -67,6 +70,15 @@ def delta(x2: Array, a: Array, b: Array, alpha: float, dtype: Any) -> Array:
     `dtype` (a [I, r], b [r, O]; two thin matmuls, never the [I, O] product)."""
     scale = alpha / a.shape[-1]
     return ((x2 @ a.astype(dtype)) @ b.astype(dtype)) * jnp.asarray(scale, dtype)
+
+
+def dropout(x: Array, *, key: Array, rate: float) -> Array:
+    """Inverted dropout of the adapter's input (Hu et al. 2021 §4 / PEFT's `lora_dropout`):
+    x [M, I] -> x * keep / (1 - rate), keep ~ Bernoulli(1 - rate) per entry, drawn from `key`
+    at x's global shape (the repo's partitionable threefry: the same mask on any mesh).
+    E[dropout(x)] = x, so (alpha / r) B A dropout(x) is unbiased for the adapter's term."""
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x * jnp.asarray(1.0 / (1.0 - rate), x.dtype), jnp.zeros((), x.dtype))
 
 
 def _io(name: str, shape: tuple[int, ...]) -> tuple[tuple[int, ...], int, int]:

@@ -34,6 +34,7 @@ from ibpo_jax.models import attention, kv_cache, lora
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 
 Array = jax.Array
+DROPOUT_RNG = "lora_dropout"  # the rng collection of the adapters' dropout (`project`)
 
 
 class Context(NamedTuple):
@@ -114,10 +115,16 @@ def dense(x: Array, w: Array, dtype: Any) -> Array:
 
 def project(module: nn.Module, x: Array, w: Array, name: str) -> Array:
     """`dense(x, w)` in the module's compute dtype, plus the LoRA adapter of weight `name`
-    when the params hold one (`lora.delta`; the base alone, e.g. π_ref, has none)."""
-    dt = module.options.dtype
+    when the params hold one (`lora.delta`; the base alone, e.g. π_ref, has none). With
+    `options.lora_dropout` > 0 and a "lora_dropout" rng in the apply (the update's gradient
+    passes only), the adapter sees `lora.dropout(x)`: a key of its own per call (flax folds
+    the module path and a per-module call count into the apply's key; `nn.scan` splits it
+    per layer)."""
+    dt, rate = module.options.dtype, module.options.lora_dropout
     out = dense(x, w, dt)
     if module.has_variable("params", name + lora.A):
+        if rate > 0 and module.has_rng(DROPOUT_RNG):
+            x = lora.dropout(x, key=module.make_rng(DROPOUT_RNG), rate=rate)
         out = out + lora.delta(x, module.get_variable("params", name + lora.A),
                                module.get_variable("params", name + lora.B),
                                module.options.lora_alpha, dt)
@@ -279,7 +286,8 @@ class Qwen3(nn.Module):
         if o.remat != "none":
             block = nn.remat(Block, policy=_REMAT_POLICIES[o.remat], prevent_cse=not o.scan_layers)
         if o.scan_layers:
-            self.layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+            self.layers = nn.scan(block, variable_axes={"params": 0},
+                                  split_rngs={"params": True, DROPOUT_RNG: True},
                                   in_axes=(0, nn.broadcast), length=c.num_hidden_layers,
                                   )(c, o, self.layout)
         else:

@@ -36,6 +36,7 @@ def model_options(cfg: RunConfig) -> dict[str, Any]:
         attention=cfg.model.attention,
         lora_rank=cfg.model.lora.rank,
         lora_alpha=cfg.model.lora.alpha,
+        lora_dropout=cfg.model.lora.dropout,
     )
 
 

@@ -74,5 +74,7 @@ class StepSpec:
 
     @property
     def single_update(self) -> bool:
-        """One optimizer update per rollout: π_old is the policy being differentiated."""
-        return self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo
+        """One optimizer update per rollout: π_old is the policy being differentiated. Not
+        with LoRA dropout: π_old is then a pass without it (the gradient passes have it)."""
+        return (self.optim.epochs * self.optim.minibatches == 1 and not self.is_ppo
+                and not self.options.lora_dropout)

@@ -61,16 +61,16 @@ class _Batch(NamedTuple):
 
 
 def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
-                 entropy: bool = False, values: bool = False):
+                 entropy: bool = False, values: bool = False, key: jax.Array | None = None):
     """Log-probs (entropy, values) [N, R] of the rollout rows inside model rows `rows` [C]
     (0 for the others), and which rollout rows those are [N] bool. "grouped": `rows` are
-    rollout rows, whole groups in order."""
+    rollout rows, whole groups in order. `key`: LoRA dropout's (gradient passes only)."""
     if spec.layout == "grouped":
         heads = rows.reshape(-1, spec.group_size)[:, 0]  # each group's first row: its prompt
         out = models.response_logprobs(
             spec.model, spec.options, params, b.prompt[heads], b.prompt_len[heads],
             b.response[rows], temperature=spec.temperature, return_entropy=entropy,
-            return_values=values, logits_chunk=spec.logits_chunk)
+            return_values=values, logits_chunk=spec.logits_chunk, dropout_key=key)
         n = b.mask.shape[0]
         put = lambda x: None if x is None else jnp.zeros((n, x.shape[1]), x.dtype).at[rows].set(x)
         here = jnp.zeros((n,), bool).at[rows].set(True)
@@ -78,7 +78,7 @@ def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
     out = models.token_logprobs(spec.model, spec.options, params, b.tokens[rows],
                                 segment_ids=b.segments[rows], temperature=spec.temperature,
                                 return_entropy=entropy, return_values=values,
-                                logits_chunk=spec.logits_chunk)
+                                logits_chunk=spec.logits_chunk, dropout_key=key)
     local = packing.local_rows(rows, b.bin, b.tokens.shape[0])
     r = b.mask.shape[1]
     get = lambda x, first: None if x is None else packing.unpack(x, local, first, r)
@@ -207,13 +207,15 @@ def group_policy_terms(spec: StepSpec, params: Any, b: _Batch, group: jax.Array,
     return num, out.den
 
 
-def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
-    """(num, (den, metrics, aux)) of the rollout rows in packed rows `rows`. aux: with one
-    update per rollout, this pass's (detached) log-probs and entropy, the on-policy ones."""
+def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array,
+                key: jax.Array | None = None):
+    """(num, (den, metrics, aux)) of the rollout rows in packed rows `rows` (`key`: LoRA
+    dropout's). aux: with one update per rollout, this pass's (detached) log-probs and
+    entropy, the on-policy ones."""
     single = spec.single_update
     logp, entropy, values, here = _chunk_stats(spec, params, b, rows,
                                                entropy=single or spec.loss.entropy_coef > 0,
-                                               values=spec.is_ppo)
+                                               values=spec.is_ppo, key=key)
     b = b._replace(mask=b.mask & here[:, None])  # rows of other chunks count nowhere
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
@@ -236,22 +238,25 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array):
     return num, (out.den, metrics, aux)
 
 
-def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array, frozen: Any = None):
+def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array, frozen: Any = None,
+               key: jax.Array | None = None):
     """Exact gradient of Σnum / Σden over micro-batches, the packed rows chunks[k] [C] each,
     with respect to the trained `params` (LoRA: the adapters over the `frozen` base); also the
-    metrics and the added-up aux of the micro-batches."""
-    grad_fn = jax.grad(lambda prm, rows: _micro_loss(
-        spec, policy_params(spec.options, frozen, prm), b, rows), has_aux=True)
-    grads, (den, metrics, aux) = grad_fn(params, chunks[0])
+    metrics and the added-up aux of the micro-batches. `key`: this update's LoRA dropout key
+    (micro-batch k's: fold_in(key, k)), or None."""
+    micro_key = lambda k: None if key is None else jax.random.fold_in(key, k)
+    grad_fn = jax.grad(lambda prm, rows, k: _micro_loss(
+        spec, policy_params(spec.options, frozen, prm), b, rows, k), has_aux=True)
+    grads, (den, metrics, aux) = grad_fn(params, chunks[0], micro_key(0))
     if spec.optim.microbatches > 1:
-        def body(carry, rows):
-            acc, den_acc, m_acc, aux_acc = carry
-            g, (d, m, a) = grad_fn(params, rows)
+        def body(carry, xs):  # xs: rows, or (rows, micro-batch index) with dropout
+            (acc, den_acc, m_acc, aux_acc), (rows, k) = carry, xs if key is not None else (xs, 0)
+            g, (d, m, a) = grad_fn(params, rows, micro_key(k))
             return (jax.tree.map(jnp.add, acc, g), den_acc + d, losses.combine_metrics(m_acc, m),
                     jax.tree.map(jnp.add, aux_acc, a)), None
 
-        (grads, den, metrics, aux), _ = jax.lax.scan(body, (grads, den, metrics, aux),
-                                                     chunks[1:])
+        xs = chunks[1:] if key is None else (chunks[1:], jnp.arange(1, spec.optim.microbatches))
+        (grads, den, metrics, aux), _ = jax.lax.scan(body, (grads, den, metrics, aux), xs)
     grads = jax.tree.map(lambda x: losses.safe_div(x, den), grads)
     return grads, metrics, aux
 
@@ -324,11 +329,13 @@ def with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
 
 
 def _guarded_update(spec: StepSpec, optimizer: optax.GradientTransformation, st: TrainState,
-                    batch: _Batch, rows: jax.Array, frozen: Any = None):
-    """One optimizer update on the micro-batches `rows` [microbatches, C]. Not applied (state
-    kept, counted as skipped) when the loss, the gradient or any updated parameter is not
-    finite. Returns (state, (metrics, grad norm, skipped, aux))."""
-    grads, m, aux = _gradients(spec, st.params, batch, rows, frozen)
+                    batch: _Batch, rows: jax.Array, frozen: Any = None,
+                    key: jax.Array | None = None):
+    """One optimizer update on the micro-batches `rows` [microbatches, C] (`key`: its LoRA
+    dropout key, or None). Not applied (state kept, counted as skipped) when the loss, the
+    gradient or any updated parameter is not finite. Returns (state, (metrics, grad norm,
+    skipped, aux))."""
+    grads, m, aux = _gradients(spec, st.params, batch, rows, frozen, key)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = optimizer.update(grads, st.opt_state, st.params)
     params = optax.apply_updates(st.params, updates)
@@ -338,6 +345,9 @@ def _guarded_update(spec: StepSpec, optimizer: optax.GradientTransformation, st:
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
     new = TrainState(keep(params, st.params), keep(opt_state, st.opt_state), st.step)
     return new, (m, grad_norm, ~ok, aux)
+
+
+_DROPOUT_STREAM = 0x10AD  # update key -> LoRA dropout keys (epochs fold in 0, 1, ...)
 
 
 def _update_orders(spec: StepSpec, units: int, key: jax.Array) -> jax.Array:
@@ -398,14 +408,20 @@ def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: Train
     groups ("grouped": `plan` is the identity plan, partition unit G)."""
     batch, entropy = prepare_batch(spec, state, ref_params, rollout, cred, plan)
     batch = with_advantages(spec, batch, cred)
+    # LoRA dropout (gradient passes only): update u's key fold_in(fold_in(key, stream), u),
+    # a function of the step's key alone (resume and any mesh draw the same masks).
+    drop = jax.random.fold_in(key, _DROPOUT_STREAM) if spec.options.lora_dropout else None
 
-    def one_update(st: TrainState, idx: jax.Array):  # idx: [units of this minibatch]
+    def one_update(st: TrainState, xs):  # [units of this minibatch] (, its update index)
+        idx, u = xs if drop is not None else (xs, 0)
         rows = (idx[:, None] * plan.unit + jnp.arange(plan.unit)[None, :]).reshape(
             spec.optim.microbatches, -1)
-        return _guarded_update(spec, optimizer, st, batch, rows, ref_params)
+        return _guarded_update(spec, optimizer, st, batch, rows, ref_params,
+                               None if drop is None else jax.random.fold_in(drop, u))
 
     orders = _update_orders(spec, plan.rows // plan.unit, key)
-    state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, orders)
+    xs = orders if drop is None else (orders, jnp.arange(orders.shape[0]))
+    state, (upd_metrics, grad_norms, skipped, aux) = jax.lax.scan(one_update, state, xs)
     # On-policy diagnostics: from π_old's pass up front, or (one update) the gradient pass's.
     old_logp = batch.old_logp
     if spec.single_update:

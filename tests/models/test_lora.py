@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ibpo_jax import models, sharding
-from ibpo_jax.models import lora
+from ibpo_jax.models import lora, qwen3
 from tests.models.hf_helpers import hf_logits, left_padded_batch
 
 CFG = models.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48,
@@ -133,3 +133,93 @@ def test_merged_export_matches_in_transformers_and_peft_tensors_reproduce_it(tmp
     conf = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"], conf["peft_type"]) == (4, 8.0, "LORA")
     assert conf["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj"]
+
+
+def test_dropout_masks_the_adapter_input_by_hand():
+    """Inverted dropout (PEFT's `lora_dropout`): kept entries scaled by 1 / (1 - p), the others
+    0, the keep mask Bernoulli(1 - p) of the key; the adapter's term of the dropped input."""
+    x = jax.random.normal(jax.random.key(0), (6, 5))
+    key, p = jax.random.key(7), 0.4
+    got = np.asarray(lora.dropout(x, key=key, rate=p))
+    keep = np.asarray(jax.random.bernoulli(key, 1 - p, x.shape))
+    assert 0 < keep.sum() < keep.size  # both kinds of entries
+    np.testing.assert_allclose(got, np.where(keep, np.asarray(x) / (1 - p), 0.0), rtol=1e-6)
+    a = np.asarray(jax.random.normal(jax.random.key(1), (5, 3)), np.float64)
+    b = np.asarray(jax.random.normal(jax.random.key(2), (3, 4)), np.float64)
+    want = (8.0 / 3) * (np.where(keep, np.asarray(x, np.float64) / (1 - p), 0.0) @ a) @ b
+    np.testing.assert_allclose(lora.delta(jnp.asarray(got), jnp.asarray(a, jnp.float32),
+                                          jnp.asarray(b, jnp.float32), 8.0, jnp.float32),
+                               want, rtol=1e-5, atol=1e-5)
+
+
+def _mlp_with_down_adapter(rate):
+    """An Mlp with an adapter on down_proj only (its output is linear in the adapter's input),
+    its params, and an input [2, 3, D]."""
+    opts = models.make_options(jnp.float32, lora_rank=3, lora_alpha=8.0, lora_dropout=rate)
+    mlp = qwen3.Mlp(CFG, opts, sharding.TRAINING)
+    k = lambda i, shape: jax.random.normal(jax.random.key(i), shape) * 0.3
+    d, f = CFG.hidden_size, CFG.intermediate_size
+    params = {"gate_proj": k(0, (d, f)), "up_proj": k(1, (d, f)), "down_proj": k(2, (f, d)),
+              "down_proj_lora_a": k(3, (f, 3)), "down_proj_lora_b": k(4, (3, d))}
+    return mlp, {"params": params}, k(5, (2, 3, d))
+
+
+def test_dropout_is_unbiased_and_off_without_its_rng():
+    mlp, variables, x = _mlp_with_down_adapter(0.5)
+    plain = mlp.apply(variables, x)  # no rng: no dropout (sampler, π_old, evaluation)
+    off, _, _ = _mlp_with_down_adapter(0.0)
+    np.testing.assert_array_equal(plain, off.apply(variables, x))
+    np.testing.assert_array_equal(plain, off.apply(variables, x, rngs={qwen3.DROPOUT_RNG:
+                                                                        jax.random.key(0)}))
+    keys = jax.random.split(jax.random.key(9), 4000)
+    outs = jax.vmap(lambda k: mlp.apply(variables, x, rngs={qwen3.DROPOUT_RNG: k}))(keys)
+    assert float(jnp.abs(outs[0] - plain).max()) > 1e-2  # one draw: dropout acts
+    # E[out] = the no-dropout output (the adapter is linear in its dropped input): the mean of
+    # 4000 draws within 4.5 standard errors, entry by entry
+    sem = np.asarray(outs.std(0)) / np.sqrt(len(keys))
+    err = np.abs(np.asarray(outs.mean(0) - plain))
+    assert np.all(err <= 4.5 * sem + 1e-6), float((err / sem).max())
+    assert float(sem.max()) < 0.05 * float(jnp.abs(plain).max())  # a check that could fail
+
+
+def test_dropout_keys_are_per_layer_and_projection_and_replayable(monkeypatch):
+    m = _model(False, lora_dropout=0.3)
+    ad = _random_b(lora.init(m.params, rank=2, targets=tuple(lora.TARGETS),
+                             key=jax.random.key(1)), jax.random.key(2))
+    seen = []
+    real = lora.dropout
+    monkeypatch.setattr(lora, "dropout", lambda x, *, key, rate: (
+        seen.append(np.asarray(jax.random.key_data(key)).tobytes()), real(x, key=key,
+                                                                          rate=rate))[1])
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 64)
+    run = lambda key: models.token_logprobs(CFG, m.options, lora.merge(m.params, ad), tokens,
+                                            dropout_key=key).logprobs
+    first = run(jax.random.key(5))
+    keys_a = list(seen)
+    assert len(keys_a) == 2 * 7 and len(set(keys_a)) == 14  # 7 projections x 2 layers
+    np.testing.assert_array_equal(run(jax.random.key(5)), first)  # the same key: replayed
+    assert seen[14:] == keys_a
+    run(jax.random.key(6))
+    assert not set(seen[28:]) & set(keys_a)  # another step's key: other masks
+    assert float(jnp.abs(first - run(None)).max()) > 1e-3
+    assert len(seen) == 42  # None: no dropout
+
+
+def test_scanned_dropout_with_remat_replays_its_masks_in_the_backward():
+    """Under `nn.scan` (a key per layer) and remat, the backward recomputes the forward with
+    the same masks: loss and gradient equal the un-rematerialized model's."""
+    tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 64)
+
+    def loss_grad(remat):
+        m = _model(True, lora_dropout=0.3, remat=remat)
+        ad = _random_b(lora.init(m.params, rank=2, targets=("q", "v", "up", "down"),
+                                 key=jax.random.key(1)), jax.random.key(2))
+        f = lambda a, key: models.token_logprobs(CFG, m.options, lora.merge(m.params, a),
+                                                 tokens, dropout_key=key).logprobs.sum()
+        return jax.value_and_grad(f)(ad, jax.random.key(4)), f(ad, None)
+
+    ((lo, g), nodrop), ((lr, gr), _) = loss_grad("none"), loss_grad("full")
+    assert abs(float(lo - nodrop)) > 1e-3  # dropout acts under scan
+    assert float(lr) == pytest.approx(float(lo), rel=1e-6)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(gr)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
