@@ -169,11 +169,12 @@ def _walk_names(adapters: Any) -> set[str]:
     return {name[:-len(A)] for _, name in _targets_in(adapters, tuple(TARGETS), A)}
 
 
-def save_peft(adapters: Any, path: str | os.PathLike, *, alpha: float,
+def save_peft(adapters: Any, path: str | os.PathLike, *, alpha: float, dropout: float = 0.0,
               base_model: str = "") -> None:
     """A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) that
-    `peft.PeftModel.from_pretrained(Qwen3ForCausalLM, path)` loads (float32 tensors). Every
-    process must call it (gathers are collective); process 0 writes."""
+    `peft.PeftModel.from_pretrained(Qwen3ForCausalLM, path)` loads (float32 tensors);
+    `dropout` is the run's, for a user who trains the adapter on in PEFT. Every process must
+    call it (gathers are collective); process 0 writes."""
     from ibpo_jax.models import safetensors_io as st
 
     tensors = peft_tensors(adapters)
@@ -185,7 +186,7 @@ def save_peft(adapters: Any, path: str | os.PathLike, *, alpha: float,
                   [st.PlannedTensor(k, v.shape, v.dtype, lambda v=v: v)
                    for k, v in sorted(tensors.items())], write=True)
     config = dict(peft_type="LORA", task_type="CAUSAL_LM", r=rank, lora_alpha=alpha,
-                  lora_dropout=0.0, bias="none", fan_in_fan_out=False, use_rslora=False,
+                  lora_dropout=dropout, bias="none", fan_in_fan_out=False, use_rslora=False,
                   inference_mode=True, base_model_name_or_path=base_model,
                   target_modules=sorted(_walk_names(adapters)))
     with open(os.path.join(path, "adapter_config.json"), "w", encoding="utf-8") as f:

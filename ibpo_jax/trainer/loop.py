@@ -419,7 +419,8 @@ class Trainer:
             self.policy, alpha)), path, config_extra=hf_io.special_ids(self.tokenizer))
         hf_io.save_tokenizer(self.tokenizer, path)
         if self.base.options.lora_rank:
-            lora.save_peft(self.state.params, path / "peft_adapter", alpha=alpha)
+            lora.save_peft(self.state.params, path / "peft_adapter", alpha=alpha,
+                           dropout=self.base.options.lora_dropout)
 
     def close(self) -> None:
         self.rollouts.close()

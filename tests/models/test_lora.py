@@ -2,6 +2,8 @@
 equals W + (alpha / r) A B folded into the weights, in our model and in HF transformers (the
 merged export), and the PEFT tensors reproduce that merge."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,7 +109,7 @@ def test_merged_export_matches_in_transformers_and_peft_tensors_reproduce_it(tmp
     merged = lora.merge(m.params, ad)
     models.save_hf(models.Qwen3LM(CFG, m.options, lora.fold(merged, 8.0)), tmp_path / "hf")
     models.save_hf(models.Qwen3LM(CFG, m.options, m.params), tmp_path / "base")
-    lora.save_peft(ad, tmp_path / "peft", alpha=8.0)
+    lora.save_peft(ad, tmp_path / "peft", alpha=8.0, dropout=0.05)
     import transformers
     from safetensors.numpy import load_file
 
@@ -129,9 +131,9 @@ def test_merged_export_matches_in_transformers_and_peft_tensors_reproduce_it(tmp
             np.testing.assert_allclose(w.numpy(), want, rtol=1e-5, atol=1e-6)
         else:
             torch.testing.assert_close(w, base[name])
-    import json
     conf = json.loads((tmp_path / "peft" / "adapter_config.json").read_text())
     assert (conf["r"], conf["lora_alpha"], conf["peft_type"]) == (4, 8.0, "LORA")
+    assert conf["lora_dropout"] == 0.05  # the run's, for training on in PEFT
     assert conf["target_modules"] == ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj"]
 
 
