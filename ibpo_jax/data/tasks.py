@@ -100,7 +100,8 @@ def arith_task(*, config: arith.ArithConfig | str = "level3", num_train: int = 2
 
 
 @TASKS.register("countdown")
-def countdown_task(*, config: countdown.CountdownConfig | None = None, num_train: int = 10000,
+def countdown_task(*, config: countdown.CountdownConfig | None = None,
+                   num_train: int = countdown.NUM_TRAIN,
                    num_validation: int = 500, num_test: int = 500, seed: int = 0,
                    data_dir: str | None = None) -> Task:
     """`countdown` (default CountdownConfig()), built on first use into data_dir."""

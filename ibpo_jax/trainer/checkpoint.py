@@ -145,12 +145,10 @@ class Checkpointer:
         as step `step`, all at once: orbax writes the items into a temporary step directory
         and commits it complete, so a run killed mid-save never leaves a record without its
         arrays (the previous checkpoint stays the latest)."""
+        items = {"state": ocp.args.StandardSave(state)}
         if arrays is not None:  # named in the record: a restore checks that the file reads
-            meta = {**meta, ARRAYS: ARRAYS_FILE}
-        items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
-        if arrays is not None:
-            items[ARRAYS] = NpzSave(arrays)
-        self._manager.save(step, args=ocp.args.Composite(**items))
+            meta, items[ARRAYS] = {**meta, ARRAYS: ARRAYS_FILE}, NpzSave(arrays)
+        self._manager.save(step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta)))
         self._manager.wait_until_finished()
 
     def arrays(self, step: int) -> dict[str, np.ndarray]:
