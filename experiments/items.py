@@ -6,7 +6,8 @@ The declarations live elsewhere, this module below them: the papers' items in
 and the reports read, in `experiments/items_registry.py`.
 
 A `Run` is one training configuration: an algorithm's config file plus overrides. Items share
-runs (plain GSPO seed 0 serves Table 1, Table 2a, C.2, C.3 and C.4), so a run's directory is
+runs (plain GSPO serves Table 2a, Table 2b, C.2, §4.2, C.1, C.3, C.4, `variants`, `recipe` and
+`scale`), so a run's directory is
 named by its configuration, not by the item, and each is trained once. Items whose method does
 not exist in the code yet say so (`needs`) and are reported as not run, never faked.
 

@@ -39,9 +39,9 @@ Every verdict follows one rule (`experiments/stats.py`, `experiments/report.py`)
   1 against)". While a comparison lacks 2 seeds on a side the item is **incomplete**, unless
   the missing ones cannot change its word.
 - **Shared runs**: items reuse runs (the GSPO and IBPO-GSPO default runs serve Table 2a,
-  Table 2b, C.2, §4.2, C.1, C.3, C.4, Appendix A and `variants`), and the same comparison on
-  the same records (IBPO-GSPO vs GSPO) is counted in several items; each report names the
-  items it shares runs and comparisons with. The items' verdicts are therefore not
+  Table 2b, C.2, §4.2, C.1, C.3, C.4, Appendix A, `variants`, `recipe` and `scale`), and the
+  same comparison on the same records (IBPO-GSPO vs GSPO) is counted in several items; each
+  report names the items it shares runs and comparisons with. The items' verdicts are therefore not
   independent evidence, and Holm corrects within an item, not across the table.
 - **Provenance**: each record names its code (`commit`, `dirty`) and host (`cpu`); records
   written before that are back-filled by `python -m experiments.provenance` with the parent
