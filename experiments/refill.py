@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             added = sorted({k for row in new["rows"] for k in row} - {
                 k for row in record["rows"] for k in row})
-            reproduce._write(path, new)
+            reproduce.write_record(path, new)
             print(f"{path.name}: added {', '.join(added) or 'values of known keys'} "
                   f"from {workdir}")
             break

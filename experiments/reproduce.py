@@ -155,7 +155,7 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
         workdir = runs_dir / f"{r.name}_s{seed}"
         cmd = command(r, task=task, preset=preset, seed=seed, workdir=workdir, extra=extra)
         if (rec := compact(workdir, cmd)) is not None:  # finished, record not yet written
-            _write(record, rec)
+            write_record(record, rec)
             continue
         todo.append((cmd, workdir, runs_dir / "logs" / f"{r.name}_s{seed}.log"))
         # A resumed run takes a fraction of a whole one: it does not set the pace.
@@ -179,7 +179,7 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
                 print(f"  [{done}/{len(todo)}] {workdir.name}: FAILED ({err or 'no final eval'})",
                       flush=True)
                 continue
-            _write(record, rec)
+            write_record(record, rec)
             whole += [seconds / 60] if fresh else []
             pace = sum(whole) / len(whole) / parallel if whole else 0.0  # min a run, wall
             left = (f"; the rest in about {pace * (len(todo) - done):.0f} min"
@@ -189,7 +189,8 @@ def ensure_runs(jobs: list[tuple[items_lib.Run, int]], *, task: str, preset: str
                   f"{rec['rows'][-1]['eval_accuracy']:.3f}{left}", flush=True)
 
 
-def _write(path: Path, record: dict) -> None:
+def write_record(path: Path, record: dict) -> None:
+    """Writes a run's record atomically (a reader never sees half of it), compact JSON."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
