@@ -33,16 +33,23 @@ def cpu_model(cpuinfo: str | None = None) -> str:
             f"{info.get('model', '?')}{', ' + simd if simd else ''}]")
 
 
+# Outputs, not code: a probe that writes its first seed's record must not call the code that
+# measures the next seed "dirty".
+NOT_CODE = ("experiments/results",)
+
+
 def git_commit(root: str | Path | None = None) -> tuple[str, bool]:
     """(commit hash, dirty) of the checkout holding `root` (default: this package), so a
-    record names the code that made it; ("unknown", False) outside a git checkout."""
+    record names the code that made it; ("unknown", False) outside a git checkout. Dirty:
+    a tracked file outside `NOT_CODE` differs from the commit."""
     import subprocess
 
     cwd = Path(root) if root is not None else Path(__file__).resolve().parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True,
                               text=True, check=True, timeout=10).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                 ":/", *(f":(top,exclude){p}" for p in NOT_CODE)],
                                 cwd=cwd, capture_output=True, text=True, check=True,
                                 timeout=10).stdout
     except (OSError, subprocess.SubprocessError):

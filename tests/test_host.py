@@ -34,3 +34,29 @@ def test_without_a_model_name_falls_back_to_platform():
 
 def test_this_host_is_named():
     assert host.cpu_model().strip()
+
+
+def test_git_commit_dirty_means_code_not_results(tmp_path):
+    """A changed record under experiments/results leaves the checkout clean; a changed code
+    file (anywhere else, also when asked from a subdirectory) makes it dirty."""
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                       cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "experiments" / "results").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    record, code = tmp_path / "experiments" / "results" / "r.json", tmp_path / "pkg" / "m.py"
+    record.write_text("{}")
+    code.write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "init")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert host.git_commit(tmp_path) == (head, False)
+    record.write_text('{"rows": []}')
+    assert host.git_commit(tmp_path / "pkg") == (head, False)
+    code.write_text("x = 2\n")
+    assert host.git_commit(tmp_path / "pkg") == (head, True)
