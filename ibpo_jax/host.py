@@ -33,9 +33,9 @@ def cpu_model(cpuinfo: str | None = None) -> str:
             f"{info.get('model', '?')}{', ' + simd if simd else ''}]")
 
 
-# Outputs, not code: a probe that writes its first seed's record must not call the code that
-# measures the next seed "dirty".
-NOT_CODE = ("experiments/results",)
+# Outputs and prose, not code: a probe that writes its first seed's record and report (the
+# README's verdict table too) must not call the code that measures the next seed "dirty".
+NOT_CODE = ("experiments/results", "README.md", "docs")
 
 
 def git_commit(root: str | Path | None = None) -> tuple[str, bool]:

@@ -37,8 +37,8 @@ def test_this_host_is_named():
 
 
 def test_git_commit_dirty_means_code_not_results(tmp_path):
-    """A changed record under experiments/results leaves the checkout clean; a changed code
-    file (anywhere else, also when asked from a subdirectory) makes it dirty."""
+    """A changed record under experiments/results or README leaves the checkout clean; a
+    changed code file (also when asked from a subdirectory) makes it dirty."""
     import subprocess
 
     def git(*args):
@@ -50,6 +50,7 @@ def test_git_commit_dirty_means_code_not_results(tmp_path):
     record, code = tmp_path / "experiments" / "results" / "r.json", tmp_path / "pkg" / "m.py"
     record.write_text("{}")
     code.write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("verdicts")
     git("init", "-q")
     git("add", ".")
     git("commit", "-qm", "init")
@@ -57,6 +58,7 @@ def test_git_commit_dirty_means_code_not_results(tmp_path):
                           text=True, check=True).stdout.strip()
     assert host.git_commit(tmp_path) == (head, False)
     record.write_text('{"rows": []}')
+    (tmp_path / "README.md").write_text("a new verdict table")  # the reports rewrite it
     assert host.git_commit(tmp_path / "pkg") == (head, False)
     code.write_text("x = 2\n")
     assert host.git_commit(tmp_path / "pkg") == (head, True)
