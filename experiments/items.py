@@ -7,9 +7,9 @@ and the reports read, in `experiments/items_registry.py`.
 
 A `Run` is one training configuration: an algorithm's config file plus overrides. Items share
 runs (plain GSPO serves Table 2a, Table 2b, C.2, §4.2, C.1, C.3, C.4, `variants`, `recipe` and
-`scale`), so a run's directory is
-named by its configuration, not by the item, and each is trained once. Items whose method does
-not exist in the code yet say so (`needs`) and are reported as not run, never faked.
+`scale`), so a run's directory is named by its configuration, not by the item, and each is
+trained once. Items whose method does not exist in the code yet say so (`needs`) and are
+reported as not run, never faked.
 
 An item is one `Item` in `ITEMS` (in the summary table's order, `ORDER`): its runs, the
 per-step keys it tabulates (`metrics`) and further ones its records keep (`keeps`; records keep

@@ -43,9 +43,12 @@ def refill(record: dict, workdir: Path, keys: tuple[str, ...]) -> tuple[dict, st
     cfg, metrics = workdir / "config.json", workdir / "metrics.jsonl"
     if not (cfg.exists() and metrics.exists()):
         return record, "no config.json and metrics.jsonl there"
-    if json.loads(cfg.read_text()) != record["config"]:
-        return record, "its config.json is not the record's config"
-    log = _log(metrics)
+    try:
+        if json.loads(cfg.read_text()) != record["config"]:
+            return record, "its config.json is not the record's config"
+        log = _log(metrics)
+    except (json.JSONDecodeError, KeyError) as e:
+        return record, f"its config.json or metrics.jsonl does not read ({e!r})"
     for row in record["rows"]:
         logged = log.get(row["step"], {})
         if any(logged.get(k) != v for k, v in row.items()):

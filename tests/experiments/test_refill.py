@@ -50,3 +50,12 @@ def test_refuses_a_workdir_of_another_run(tmp_path, capsys):
     refill.main(["--task", "arith", "--records", str(tmp_path / "b" / "records"), str(runs)])
     assert json.loads(path.read_text()) == record
     assert "differs from the record at step 20" in capsys.readouterr().err
+
+
+def test_a_log_that_does_not_read_is_named_not_raised(tmp_path, capsys):
+    path, runs, record = _setup(tmp_path)
+    (runs / "gspo_s3" / "config.json").write_text("{not json")
+    assert refill.main(["--task", "arith", "--records", str(tmp_path / "records"),
+                        str(runs)]) == 0
+    assert json.loads(path.read_text()) == record
+    assert "does not read" in capsys.readouterr().err
