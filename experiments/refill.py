@@ -28,11 +28,7 @@ RECORDS = reproduce.ROOT / "experiments" / "results" / "runs"
 def _log(metrics: Path) -> dict[int, dict]:
     """The logged rows of a finished run by step (a torn last line skipped)."""
     rows = {}
-    for line in metrics.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for row in reproduce.log_rows(metrics):
         rows.setdefault(row["step"], {}).update(row)
     return rows
 

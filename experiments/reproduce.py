@@ -82,21 +82,26 @@ def command(r: items_lib.Run, *, task: str, preset: str, seed: int, workdir: Pat
     return cmd
 
 
+def log_rows(metrics: Path) -> list[dict]:
+    """A run's logged rows in order (a torn last line, from a run still writing, skipped)."""
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 def compact(workdir: Path, cmd: list[str]) -> dict | None:
     """The run's record, or None when it has not finished (no final evaluation)."""
     cfg_path, metrics = workdir / "config.json", workdir / "metrics.jsonl"
     if not (cfg_path.exists() and metrics.exists()):
         return None
     cfg = json.loads(cfg_path.read_text())
-    rows, keys = [], kept()
-    for line in metrics.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:  # a torn last line: the run is not finished
-            continue
-        row = {k: row[k] for k in keys if k in row}
-        if len(row) > 1:
-            rows.append(row)
+    keys = kept()
+    rows = [r for r in ({k: row[k] for k in keys if k in row} for row in log_rows(metrics))
+            if len(r) > 1]
     budget = cfg["train"].get("budget", 0)
     last = [r for r in rows if "eval_accuracy" in r and (
         r["step"] == cfg["train"]["steps"]
