@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from experiments import reproduce
+from ibpo_jax.trainer import logs
 
 RECORDS = reproduce.ROOT / "experiments" / "results" / "runs"
 
@@ -43,7 +44,7 @@ def refill(record: dict, workdir: Path, keys: tuple[str, ...]) -> tuple[dict, st
         if json.loads(cfg.read_text()) != record["config"]:
             return record, "its config.json is not the record's config"
         log = _log(metrics)
-    except (json.JSONDecodeError, KeyError) as e:
+    except (json.JSONDecodeError, KeyError, logs.MetricsFileError) as e:
         return record, f"its config.json or metrics.jsonl does not read ({e!r})"
     for row in record["rows"]:
         logged = log.get(row["step"], {})

@@ -42,11 +42,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from experiments import items as items_lib
 from experiments import items_registry, report, summary
 from ibpo_jax.host import cpu_model, git_commit
+from ibpo_jax.trainer import logs
 
 ROOT = items_lib.ROOT
 RESULTS = ROOT / "experiments" / "results"
@@ -83,14 +85,11 @@ def command(r: items_lib.Run, *, task: str, preset: str, seed: int, workdir: Pat
 
 
 def log_rows(metrics: Path) -> list[dict]:
-    """A run's logged rows in order (a torn last line, from a run still writing, skipped)."""
-    rows = []
-    for line in metrics.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """A run's logged rows in order (`logs.read_metrics`; the torn last line of a run still
+    writing is dropped quietly: such a run is unfinished and gets no record)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return logs.read_metrics(metrics)
 
 
 def compact(workdir: Path, cmd: list[str]) -> dict | None:
@@ -326,11 +325,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(planned)})")
     if bad := [n for n in names if n not in registry]:
         p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(registry)}, all")
-    for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
-                          smoke=args.smoke, out=out,
-                          only=tuple(x for x in args.only.split(",") if x),
-                          train=not args.report_only):
-        print(f"wrote {path}")
+    try:
+        for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
+                              smoke=args.smoke, out=out,
+                              only=tuple(x for x in args.only.split(",") if x),
+                              train=not args.report_only):
+            print(f"wrote {path}")
+    except logs.MetricsFileError as e:  # a damaged run log: named, FILE:LINE
+        print(f"reproduce: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -125,7 +125,8 @@ def collect_rounds(trainer: Any, key: jax.Array, params: Any) -> tuple[Round, di
     picks, n_mixed = choose_groups(mixed=mixed, b=b)
     found = sum(int(m.sum()) for m in mixed)
     stats = {"sampling_rounds": float(len(rounds)), "trajectories_sampled": float(len(rounds) * n),
-             "groups_filtered": float(len(rounds) * b - found), "groups_mixed": float(n_mixed)}
+             "groups_filtered": float(len(rounds) * b - found), "groups_mixed": float(n_mixed),
+             "tokens_sampled": float(sum(int(r.lengths.sum()) for r in rounds))}
     return assemble(trainer, rounds, picks, n_mixed), stats
 
 

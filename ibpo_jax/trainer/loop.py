@@ -274,7 +274,9 @@ class Trainer:
             update_tokens_frac=self.update_tokens_frac(
                 plan, (rollout.prompt.shape[0] // g, rollout.prompt.shape[1]),
                 rollout.response.shape),
-            tokens_per_s=int(got.lengths.sum()) / (sampled + t4 - t2),
+            # Every round's tokens over every round's time (dynamic sampling's dropped too).
+            tokens_per_s=got.stats.get("tokens_sampled", int(got.lengths.sum()))
+            / (sampled + t4 - t2),
             time_phi_s=t3 - t2 - diag.get("time_pg_var_s", 0.0)
             - stages.get("time_second_round_s", 0.0), time_update_s=t4 - t3, **got.times,
         )

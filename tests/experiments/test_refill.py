@@ -59,3 +59,9 @@ def test_a_log_that_does_not_read_is_named_not_raised(tmp_path, capsys):
                         str(runs)]) == 0
     assert json.loads(path.read_text()) == record
     assert "does not read" in capsys.readouterr().err
+    # A damaged line before the last: named, the record kept.
+    (runs / "gspo_s3" / "config.json").write_text(json.dumps(CONFIG))
+    (runs / "gspo_s3" / "metrics.jsonl").write_text('{"step": 0\n' + json.dumps(LOG[2]) + "\n")
+    refill.main(["--task", "arith", "--records", str(tmp_path / "records"), str(runs)])
+    assert json.loads(path.read_text()) == record
+    assert "metrics.jsonl:1: unreadable" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from experiments import (
 )
 from experiments import items_registry as registry
 from experiments import report_provenance as prov
+from ibpo_jax.trainer import logs
 
 ROOT = Path(__file__).parents[2]
 
@@ -360,6 +361,14 @@ def test_a_run_stopped_at_its_budget_is_finished(tmp_path):
     rec = reproduce.compact(tmp_path, ["python", "-m", "x"])
     assert rec["rows"][-1] == {"step": 4, "eval_accuracy": 0.6, "budget_trajectories": 1024.0,
                                "accuracy": 0.5}
+    # A torn last line (a run still writing) is dropped quietly; a bad line before it is
+    # damage, named FILE:LINE, not skipped.
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    (tmp_path / "metrics.jsonl").write_text(text + '{"step": 5, "acc')
+    assert reproduce.compact(tmp_path, ["python", "-m", "x"])["rows"] == rec["rows"]
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval\n' + text)
+    with pytest.raises(logs.MetricsFileError, match=r"metrics.jsonl:1: unreadable"):
+        reproduce.compact(tmp_path, ["python", "-m", "x"])
 
 
 def test_only_names_runs_of_the_items():

@@ -5,12 +5,13 @@ resumed (the same metrics, bitwise: the extra rounds' keys and the data position
 
 import pytest
 
-from tests.trainer.knob_harness import SMOKE_EXACT, run_match_mesh_resume
+from tests.trainer.knob_harness import SMOKE_EXACT, run_match_mesh_resume, smoke_cfg
 
 KNOBS = {"rollout.dynamic_sampling": True, "rollout.max_sampling_rounds": 2,
          "reward.overlong": "soft", "reward.overlong_buffer": 16,
          "diagnostics.grad_var_every": 2}  # pg_var over the live groups, on the mesh too
-COUNTS = ("groups_filtered", "sampling_rounds", "trajectories_sampled", "groups_mixed")
+COUNTS = ("groups_filtered", "sampling_rounds", "trajectories_sampled", "groups_mixed",
+          "tokens_sampled")
 
 
 @pytest.mark.usefixtures("one_device")
@@ -18,9 +19,12 @@ def test_dynamic_sampling_and_soft_overlong_match_the_mesh_and_resume_bitwise(sm
                                                                               tmp_path):
     ref = run_match_mesh_resume(smoke_data_dir, tmp_path, KNOBS, exact=SMOKE_EXACT + COUNTS)
     b, g = 4, 4
+    longest = smoke_cfg(smoke_data_dir, KNOBS).rollout.max_new_tokens
     for prev, row in zip(ref, ref[1:]):
         rounds = row["sampling_rounds"]
         assert 1 <= rounds <= 2 and row["trajectories_sampled"] == rounds * b * g
+        # Throughput counts every round's tokens, the dropped groups' included.
+        assert 0 < row["tokens_sampled"] <= rounds * b * g * longest
         # Every sampled trajectory is in the budget, the dropped groups' included.
         assert row["budget_trajectories"] - prev["budget_trajectories"] == rounds * b * g
         assert row["groups_mixed"] == min(b, rounds * b - row["groups_filtered"])
