@@ -91,9 +91,13 @@ def ensure(*, preset: str, extra: tuple, seeds: int, records_dir: Path, batches:
 def section_of(ctx: items_lib.ProbeContext) -> list[str]:
     """The `sections` hook of the `variants` item: its probe records (measured when missing,
     unless --report-only; under --smoke 1 batch of 2 variants) as the page's section."""
-    recs = ensure(preset=ctx.preset, extra=ctx.extra, seeds=ctx.seeds,
-                  records_dir=ctx.records_dir, batches=1 if ctx.smoke else BATCHES,
-                  n_variants=2 if ctx.smoke else 0, probe=ctx.measure)
+    # It measures the seeds the command asked for and reads every seed recorded: the page's
+    # `seeds` counts the runs' records, and the headline pair's 8 would ask for 8 probes.
+    ensure(preset=ctx.preset, extra=ctx.extra, seeds=ctx.asked, records_dir=ctx.records_dir,
+           batches=1 if ctx.smoke else BATCHES, n_variants=2 if ctx.smoke else 0,
+           probe=ctx.measure)
+    recs = ensure(preset=ctx.preset, extra=ctx.extra, seeds=max(ctx.seeds, ctx.asked),
+                  records_dir=ctx.records_dir, probe=False)
     return section(recs, command=ctx.command)
 
 

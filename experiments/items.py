@@ -236,6 +236,7 @@ class ProbeContext:
     preset: str  # the config preset and overrides of its trainers (--smoke: the smoke preset)
     extra: tuple[tuple[str, str], ...]
     seeds: int  # seeds the item reports: min_seeds, --seeds, or all recorded for its runs
+    asked: int  # seeds the command asked for (--seeds or min_seeds): what a section measures
     smoke: bool  # a seconds-long check: measure as little as still runs the code
     measure: bool  # False under --report-only: read the records there are, measure nothing
     records_dir: Path  # <out>/runs/<task>/: run and probe records

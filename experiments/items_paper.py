@@ -50,7 +50,8 @@ HALF_WARM_START = (("arith", "warm_start.steps", "800"),
 # Why the λ = 4 cells of `variants` run 2 seeds, not 3 (seed 0 collapsed to 1-2 % held out,
 # with and without the std division, on `arith`):
 COLLAPSE = ("at λ = 4 a wrong response with φ > 0.5 outranks a right one (-1 + 4φ > 1), so "
-            "the collapse is mechanical; a second seed checks it is not a seed's accident")
+            "where φ is often that high the collapse is mechanical; a second seed checks it is "
+            "not a seed's accident")
 
 
 def _as(base: Run, label: str) -> Run:

@@ -285,13 +285,13 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
         ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
                     runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
     written = []
-    for item, runs, n_seeds, why in plan:
-        n_seeds, cmd = _seeds_and_command(item, runs, n_seeds, task=task, seeds=seeds,
+    for item, runs, asked, why in plan:
+        n_seeds, cmd = _seeds_and_command(item, runs, asked, task=task, seeds=seeds,
                                           smoke=smoke, train=train, records_dir=records_dir)
         written += _report(items_lib.ProbeContext(
-            item=item, task=task, preset=preset, extra=extra, seeds=n_seeds, smoke=smoke,
-            measure=train, records_dir=records_dir, runs_dir=runs_dir, out_dir=out / task,
-            command=cmd), runs, why)
+            item=item, task=task, preset=preset, extra=extra, seeds=n_seeds, asked=asked,
+            smoke=smoke, measure=train, records_dir=records_dir, runs_dir=runs_dir,
+            out_dir=out / task, command=cmd), runs, why)
     written.append(summary.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
     if out == RESULTS and summary.sync_front_page(ROOT / "README.md", out, tuple(TASKS),
                                                   link_prefix="experiments/results/"):

@@ -110,6 +110,7 @@ def test_a_toy_training_item_is_one_entry(tmp_path, monkeypatch):
     assert md.endswith("## Toy section\n\n3 seeds, measured: False\n")
     (ctx,) = seen
     assert ctx.command == "python -m experiments.reproduce toy --task arith --seeds 3"
+    assert (ctx.seeds, ctx.asked) == (3, 2)  # reads the 3 recorded, asked for the minimum
     assert ctx.records_dir == tmp_path / "runs" / "arith"
     assert "[holds (2/2 for, 0 against)](arith/toy.md)" in (tmp_path / "README.md").read_text()
 

@@ -213,7 +213,7 @@ def test_recipe_reports_mixed_groups_and_trajectories_to_gspos_final(tmp_path):
     assert "Seeds per run: 3-5 (the item asks for at least 3; 5 for recipe; 5 for " \
            "recipe + IBPO)." in md
     ctx = items.ProbeContext(item=item, task="arith", preset="arith_tiny", extra=(), seeds=3,
-                             smoke=False, measure=False, records_dir=tmp_path / "runs",
+                             asked=3, smoke=False, measure=False, records_dir=tmp_path / "runs",
                              runs_dir=tmp_path, out_dir=tmp_path, command="test")
     lines = item_notes.mixed_groups(ctx)
     # without DS 1 - 0.5 of both; with it 1 - 16 / (2 x 32) = 75 % sampled, 100 % trained
