@@ -568,8 +568,8 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     planned = []
     monkeypatch.setattr(reproduce, "ensure_runs",
                         lambda jobs, **k: planned.extend((r.label, s) for r, s in jobs))
-    seeds = {}
-    monkeypatch.setattr(gradient_probe, "ensure", lambda **k: seeds.update(k) or [])
+    probes = []
+    monkeypatch.setattr(gradient_probe, "ensure", lambda **k: probes.append(k) or [])
     recs = tmp_path / "runs" / "arith"
     recs.mkdir(parents=True)
     rows = [{"step": 0, "eval_accuracy": 0.5}, {"step": 200, "eval_accuracy": 0.55}]
@@ -587,7 +587,8 @@ def test_a_run_capped_below_the_items_seeds_trains_and_reports_its_own(tmp_path,
     assert "| λ=4.0 | 2 |" in text and "| GSPO | 3 |" in text  # the third λ=4 record unread
     assert "Seeds per run: 3 (the item asks for at least 3)." in text
     assert "λ=4.0: 2 seed(s) of the 2 planned: at λ = 4 a wrong response" in text
-    assert seeds["seeds"] == 3 and seeds["probe"]  # the probe runs beside the item's grid
+    # The probe runs beside the item's grid (its seeds measured), then reads every record.
+    assert [(k["seeds"], k["probe"]) for k in probes] == [(3, True), (3, False)]
 
 
 def test_a_metric_that_some_seeds_lack_says_over_how_many_it_is():
