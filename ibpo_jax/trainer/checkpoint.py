@@ -101,6 +101,9 @@ class Checkpointer:
         self.directory = Path(directory).absolute()
         self.every = every
         self._read_only = read_only
+        # (step, arrays) read by `restore_latest` to judge the step intact, handed to the
+        # first `arrays(step)` after it instead of a second read of the file.
+        self._checked: tuple[int, dict[str, np.ndarray]] | None = None
         options = ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else keep,
             save_interval_steps=0 if read_only else 1,  # orbax warns when it sets this itself
@@ -145,6 +148,7 @@ class Checkpointer:
         as step `step`, all at once: orbax writes the items into a temporary step directory
         and commits it complete, so a run killed mid-save never leaves a record without its
         arrays (the previous checkpoint stays the latest)."""
+        self._checked = None  # a resumed run that never asked for its arrays: not kept
         items = {"state": ocp.args.StandardSave(state)}
         if arrays is not None:  # named in the record: a restore checks that the file reads
             meta, items[ARRAYS] = {**meta, ARRAYS: ARRAYS_FILE}, NpzSave(arrays)
@@ -153,6 +157,9 @@ class Checkpointer:
 
     def arrays(self, step: int) -> dict[str, np.ndarray]:
         """The host arrays saved with `step` (`save`'s `arrays`), by name."""
+        checked, self._checked = self._checked, None
+        if checked is not None and checked[0] == step:
+            return checked[1]
         return self._manager.restore(
             step, args=ocp.args.Composite(**{ARRAYS: NpzRestore()}))[ARRAYS]
 
@@ -199,7 +206,7 @@ class Checkpointer:
         self._check_fits(step, target, meta)
         try:
             if meta.get(ARRAYS):  # saved with arrays: a step whose arrays do not read is damaged
-                self.arrays(step)
+                self._checked = (step, self.arrays(step))
             return self.restore(step, target)
         except Exception as e:
             raise _Damaged(_reason(e)) from e

@@ -23,8 +23,9 @@ extra rounds and evaluation and serialized by a lock (`Serialized`).
 Resume. A checkpoint written while a batch is pending records the data position before that
 batch and the arrays of its sampler calls (the random part; scoring is a function of them):
 the arrays in an .npz of the checkpoint's step directory (`checkpoint.ARRAYS_FILE`, tens of
-MB at the paper's scale), which the JSON record names. The resumed run replays them in the
-same calls, so its next step is the uninterrupted run's.
+MB at the paper's scale), which the JSON record names (the step's only arrays: a record that
+names some has a pending batch). The resumed run replays them in the same calls, so its next
+step is the uninterrupted run's.
 
 `Rollouts` is given what it uses, never the trainer: the rollout config, the two meshes, the
 compute dtype, the rollout's sampler, the data sampler (its position) and three callables of
@@ -52,7 +53,9 @@ from ibpo_jax.config_sections import RolloutConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.trainer import checkpoint
 
-PENDING_KEY = "pending_rollout"  # the checkpoint record's entry of a pending batch: its file
+# A record's entry of a pending batch before its arrays became the checkpoint's own item
+# (`checkpoint.ARRAYS`, which now alone says a batch is pending): the .npz in base64.
+LEGACY_PENDING_KEY = "pending_rollout"
 
 # (step key, params the sampler reads or None: the policy's) -> the step's scored batch
 # (`loop.Collected`, its cost in trajectories in `sampled`).
@@ -279,24 +282,25 @@ class Rollouts:
 
     def saved(self, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
         """(the checkpoint record `meta`, the arrays to save beside it): with a pending batch
-        (waited for), the data position before it and the name of its sampler calls' file in
-        the record, the calls' arrays beside it (`Checkpointer.save`)."""
+        (waited for), the data position before it in the record and its sampler calls' arrays
+        beside it (`Checkpointer.save` names their file in the record)."""
         if self._pending is None:
             return meta, None
         self._pending.result()
         calls = [_each(sharding.host_array, out) for out in self._record]
-        return ({**meta, "data_position": self._start, PENDING_KEY: checkpoint.ARRAYS_FILE},
-                pack_outputs(calls))
+        return {**meta, "data_position": self._start}, pack_outputs(calls)
 
     def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
                  ) -> None:
         """After a restore: the pending batch of `meta`, if any, is replayed by the next
         collect (the data sampler is back at its position); `arrays()` reads the
         checkpoint's arrays (`Checkpointer.arrays`)."""
-        name = meta.get(PENDING_KEY) if self.off_policy else None
-        if name:  # else a base64 .npz in the record: a checkpoint from before the file
-            self._replay = unpack_outputs(arrays() if name == checkpoint.ARRAYS_FILE
-                                          else legacy_arrays(name))
+        if not self.off_policy:
+            return
+        if meta.get(checkpoint.ARRAYS):
+            self._replay = unpack_outputs(arrays())
+        elif meta.get(LEGACY_PENDING_KEY):  # a checkpoint from before the arrays' own file
+            self._replay = unpack_outputs(legacy_arrays(meta[LEGACY_PENDING_KEY]))
 
     def close(self) -> None:
         """Waits for a batch still being sampled (its errors are the step's, not raised)."""

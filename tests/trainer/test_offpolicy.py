@@ -56,7 +56,7 @@ def _checkpointer_saving(tmp_path, arrays):
     """A Checkpointer (keep 1) of tmp_path/ckpt whose step 1 holds `arrays`, and the record
     and arrays it was given."""
     ckpt = checkpoint.Checkpointer(tmp_path / "ckpt", keep=1)
-    meta = {"step": 1, offpolicy.PENDING_KEY: checkpoint.ARRAYS_FILE}
+    meta = {"step": 1}
     ckpt.save(1, {"w": np.arange(3.0)}, meta, arrays=arrays)
     return ckpt, meta
 
@@ -68,6 +68,24 @@ def test_a_pending_batch_round_trips_exactly_in_a_file_the_record_names(tmp_path
     assert ckpt.meta(1) == {**meta, checkpoint.ARRAYS: checkpoint.ARRAYS_FILE}  # names the file
     _assert_same_calls(offpolicy.unpack_outputs(
         checkpoint.Checkpointer(tmp_path / "ckpt").arrays(1)), calls)
+
+
+def test_a_resume_reads_the_arrays_once(tmp_path, monkeypatch):
+    """`restore_latest` reads the arrays to judge the step intact; the resumed run's
+    `arrays(step)` gets that read, not a second one (a later step's arrays are read anew)."""
+    calls = _calls()
+    _checkpointer_saving(tmp_path, offpolicy.pack_outputs(calls))
+    reads = []
+    real = checkpoint.NpzHandler.restore
+    monkeypatch.setattr(checkpoint.NpzHandler, "restore",
+                        lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    again = checkpoint.Checkpointer(tmp_path / "ckpt", keep=2)
+    step, _, meta = again.restore_latest({"w": jnp.zeros(3)}, log=print)
+    assert step == 1 and meta[checkpoint.ARRAYS] and len(reads) == 1
+    _assert_same_calls(offpolicy.unpack_outputs(again.arrays(1)), calls)
+    assert len(reads) == 1
+    again.arrays(1)  # handed over once: a second call reads the file
+    assert len(reads) == 2
 
 
 def _rollouts(off_policy_steps: int) -> offpolicy.Rollouts:
@@ -84,23 +102,30 @@ def _rollouts(off_policy_steps: int) -> offpolicy.Rollouts:
                               policy=never, keys=never)
 
 
-def test_a_resumed_run_replays_the_pending_batch_of_either_record():
-    """The record names the checkpoint's file (read by `arrays`), or, written before the
-    file, holds the .npz in base64: either way the next sampler calls are the saved ones."""
+def test_a_resumed_run_replays_the_pending_batch_of_each_record_format():
+    """The record names the checkpoint's arrays (read by `arrays`; earlier records also named
+    the file under the legacy key), or, written before the file, holds the .npz in base64:
+    each way the next sampler calls are the saved ones."""
     calls = _calls()
     packed = offpolicy.pack_outputs(calls)
     buf = io.BytesIO()
     np.savez_compressed(buf, **packed)
     legacy = base64.b64encode(buf.getvalue()).decode("ascii")
-    for name, arrays in ((checkpoint.ARRAYS_FILE, lambda: packed),
-                         (legacy, lambda: pytest.fail("a legacy record reads no file"))):
+    named = {checkpoint.ARRAYS: checkpoint.ARRAYS_FILE}
+    for record, arrays in ((named, lambda: packed),
+                           ({**named, offpolicy.LEGACY_PENDING_KEY: checkpoint.ARRAYS_FILE},
+                            lambda: packed),
+                           ({offpolicy.LEGACY_PENDING_KEY: legacy},
+                            lambda: pytest.fail("a legacy record reads no file"))):
         r = _rollouts(1)
         assert r.saved({"step": 2}) == ({"step": 2}, None)  # nothing pending: the record alone
-        r.restored({"step": 2, offpolicy.PENDING_KEY: name}, arrays)
+        r.restored({"step": 2, **record}, arrays)
         _assert_same_calls([_host(r.generate(None, None, None)) for _ in calls], calls)
-    r = _rollouts(0)  # on-policy: a pending entry means nothing, no file is read
-    r.restored({offpolicy.PENDING_KEY: checkpoint.ARRAYS_FILE},
-               lambda: pytest.fail("read on-policy"))
+    r = _rollouts(1)  # no arrays named: nothing pending, nothing replayed
+    r.restored({"step": 2}, lambda: pytest.fail("no arrays named"))
+    assert r._replay == []
+    r = _rollouts(0)  # on-policy: named arrays mean nothing, no file is read
+    r.restored(named, lambda: pytest.fail("read on-policy"))
     with pytest.raises(AssertionError, match="neither samples"):
         r.generate(None, _Prompts(), None)
 
@@ -175,10 +200,12 @@ def test_off_policy_runs_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tm
     # The step-2 checkpoint the harness resumed from was written while step 3's batch was pending.
     ckpt = loop.Checkpointer(tmp_path / "one" / "checkpoints")
     meta = ckpt.meta(2)
-    assert meta[offpolicy.PENDING_KEY] and meta["data_position"] == 2 * 4
-    # The record names the batch's file (its 4 x G 4 rows sampled in one call) and holds none
-    # of its arrays.
-    assert meta[offpolicy.PENDING_KEY] == checkpoint.ARRAYS_FILE
+    assert meta["data_position"] == 2 * 4
+    # The record names the batch's file once (its 4 x G 4 rows sampled in one call) and holds
+    # none of its arrays.
+    assert meta[checkpoint.ARRAYS] == checkpoint.ARRAYS_FILE
+    assert offpolicy.LEGACY_PENDING_KEY not in meta
+    assert not any(isinstance(v, str) and len(v) > 100 for v in meta.values())
     assert [len(ckpt.arrays(2)[f"{k}_0"]) for k in ("tokens", "lengths", "logprobs")] == [16] * 3
     assert [r["policy_lag"] for r in ref[1:]] == [0, 1, 1, 1]
     assert "policy_lag" not in on[1]  # off_policy_steps 0: today's rows
