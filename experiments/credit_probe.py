@@ -29,7 +29,7 @@ from experiments import base_probe
 from experiments import items as items_lib
 from ibpo_jax import comparison, config
 from ibpo_jax.host import cpu_model, git_commit
-from ibpo_jax.trainer import credit, loop
+from ibpo_jax.trainer import batching, credit, loop, step_labels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,9 +39,34 @@ OPERATORS = {"φ's peer (lcs_first_error)": "lcs_first_error", "LCS-ratio peer":
 ALIGNMENTS = ("lcs", "prefix")
 
 
+# Issue 57's operator, which reads no single peer: the first step no correct peer took, in the
+# task's canonical form of a step where it has one (`peer_steps`, `Task.canonical_step`).
+PEER_STEPS = "any peer's step: peer_steps"
+
+
 def signal_names() -> list[str]:
     return [f"{rule}: {peer}" for rule in ALIGNMENTS
-            for peer in (*OPERATORS, "majority of peers", "oracle peer")]
+            for peer in (*OPERATORS, "majority of peers", "oracle peer")] + [PEER_STEPS]
+
+
+@jax.jit
+def _peer_steps(units, n_units, correct):
+    """First errors [B, G] of `peer_steps` on units [B, G, U]."""
+    return jax.vmap(lambda u, n, c: comparison.compute_phi(
+        u, n, c, operator="peer_steps"))(units, n_units, correct).first_error
+
+
+def peer_step_units(trainer: loop.Trainer, rollout: credit.Rollout, u: comparison.Units
+                    ) -> np.ndarray:
+    """[N, U] the units `peer_steps` compares in training (`step_labels.label`, then
+    `credit.compared_units`): the task's canonical step ids, hashed steps where it has none."""
+    canonical = trainer.task.canonical_step
+    if canonical is None:
+        return np.asarray(u.units)
+    response, lengths = (np.asarray(x) for x in (rollout.response, rollout.response_len))
+    texts = batching.decode_responses(trainer.tokenizer, response, lengths)
+    ids, count = step_labels.canonical_ids(texts, canonical, u.units.shape[1])
+    return np.where((count == np.asarray(u.n_units))[:, None], ids, np.asarray(u.units))
 
 
 @functools.partial(jax.jit, static_argnames="alignment")
@@ -89,6 +114,11 @@ def count_batch(trainer: loop.Trainer, batch: base_probe.Batch) -> dict[str, lis
                     f = int(found[peer][b, i])
                 agree, early, late = agree + (f == t), early + (f < t), late + (f > t)
             counts[f"{alignment}: {peer}"] = [int(agree), int(early), int(late), len(b_idx)]
+    canon = peer_step_units(trainer, rollout, u).reshape(units.shape)
+    found = np.asarray(_peer_steps(canon, n_units, right))[scored]
+    t = truth[scored]
+    counts[PEER_STEPS] = [int(np.sum(found == t)), int(np.sum(found < t)),
+                          int(np.sum(found > t)), int(t.size)]
     return counts
 
 
@@ -124,7 +154,9 @@ def probe(ctx: items_lib.ProbeContext) -> list[Path]:
 
 
 def _rates(recs: list[dict], name: str, which: int) -> list[float]:
-    return [r["counts"][name][which] / max(r["counts"][name][3], 1) for r in recs]
+    """Per record that measured signal `name` (older records lack `PEER_STEPS`)."""
+    return [r["counts"][name][which] / max(r["counts"][name][3], 1) for r in recs
+            if name in r["counts"]]
 
 
 def _fmt(xs: list[float]) -> str:
@@ -134,7 +166,7 @@ def _fmt(xs: list[float]) -> str:
 
 def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = signal_names()
+    names = [n for n in signal_names() if any(n in r["counts"] for r in recs)]
     scored = [r["counts"][names[0]][3] for r in recs]
     lines = ["# Credit: how often each signal finds the checker's first wrong step", "",
              "No paper number: the paper locates the first error \"by sequence alignment\" "
@@ -159,6 +191,11 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
            f"signal is \"{best}\" at {rate(best):.1f} %, and an oracle choice of the peer "
            f"would reach {rate('lcs: oracle peer'):.1f} % (lcs) / "
            f"{rate('prefix: oracle peer'):.1f} % (prefix)")
+    if PEER_STEPS in names:  # issue 57's operator, measured by the newer records
+        short += f"; peer_steps {rate(PEER_STEPS):.1f} %"
+        why += (f"; `peer_steps` (the first step no correct peer took, in the task's canonical "
+                f"form) finds it for {rate(PEER_STEPS):.1f} % "
+                f"({len(_rates(recs, PEER_STEPS, 0))} seed(s))")
     from experiments import report  # (report does not import the probes)
 
     lines += ["", f"**Measured:** {why}.", "",
@@ -181,7 +218,7 @@ def _plot(recs: list[dict], names: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     means = [100 * statistics.mean(_rates(recs, n, 0)) for n in names]
-    sds = [100 * (statistics.stdev(_rates(recs, n, 0)) if len(recs) > 1 else 0.0)
+    sds = [100 * (statistics.stdev(_rates(recs, n, 0)) if len(_rates(recs, n, 0)) > 1 else 0.0)
            for n in names]
     fig, ax = plt.subplots(figsize=(8, 4))
     prefix = [n.startswith("prefix") for n in names]  # hatched: readable in grey too

@@ -55,6 +55,11 @@ class Run:
     why_fewer: str = ""  # said in the results file
     by_task: tuple[tuple[str, str, str], ...] = ()  # (task, key, value): one task's overrides
     min_seeds: int = 0  # more seeds than the item's for this run (a pair the item rests on)
+    tasks: tuple[str, ...] = ()  # the --task values it trains on (() = its item's)
+
+    def on(self, task: str) -> bool:
+        """Whether the run belongs to its item on `task`."""
+        return not self.tasks or task in self.tasks
 
     def seeds(self, item_seeds: int) -> int:
         """The seeds this run trains and reports when its item asks for `item_seeds`."""
@@ -177,6 +182,10 @@ class Item:
     speed_in_trajectories: bool = False
     smoke: tuple[str, ...] = ()  # the runs --smoke trains (labels; default: the first run),
     # those that exercise what the item adds when its first run is a plain baseline
+    # A paired design (issue 57): its runs are its own (records under runs/<task>/paired/,
+    # never shared with another item's), trained seed by seed, every arm of a seed on one
+    # host at one commit, and compared on the per-seed differences (experiments/paired.py).
+    paired: bool = False
 
     def __post_init__(self) -> None:
         labels = {r.label for r in self.runs}
@@ -202,6 +211,10 @@ class Item:
     def claimless(self) -> bool:
         """The paper makes no claim here: every comparison is `NO_CLAIM`."""
         return bool(self.comparisons) and all(c.expect == NO_CLAIM for c in self.comparisons)
+
+    def runs_on(self, task: str) -> tuple[Run, ...]:
+        """Its runs that train on `task` (`Run.tasks`)."""
+        return tuple(r for r in self.runs if r.on(task))
 
     def planned(self, task: str) -> bool:
         """Whether the item runs on `task`."""

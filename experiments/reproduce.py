@@ -257,6 +257,25 @@ def _report(ctx: items_lib.ProbeContext, runs: tuple[items_lib.Run, ...], why: s
     return files
 
 
+PAIRED = "paired"  # the subdirectory of a paired item's records and workdirs
+
+
+def own(path: Path, paired: bool) -> Path:
+    """A paired item's records or workdirs under `path` (`Item.paired`), else `path`."""
+    return path / PAIRED if paired else path
+
+
+def refuse_dirty(paired: list[items_lib.Item]) -> None:
+    """A paired item trains from a clean tree only: its records name one commit, and a report
+    refuses to pair records of different commits (experiments/paired.py)."""
+    commit, dirty = git_commit(ROOT)
+    if paired and dirty:
+        raise SystemExit(f"{', '.join(i.name for i in paired)}: a paired item trains at one "
+                         f"commit from a clean tree; commit or stash the changes to code "
+                         f"first (HEAD {commit[:10]}; `git status`), or train it from a "
+                         "worktree pinned to its commit")
+
+
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
               out: Path, only: tuple[str, ...] = (), train: bool = True) -> list[Path]:
     """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
@@ -269,29 +288,35 @@ def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, 
                          f"{', '.join(names)}; runs: {', '.join(sorted(labels))}")
     runs_dir = (out / "workdirs" if smoke else ROOT / "runs" / "reproduce") / task
     records_dir = out / "runs" / task
-    plan = [(item, item.smoke_runs if smoke else item.runs,  # (item, its runs, seeds, why not)
-             1 if smoke else (seeds or item.min_seeds), item.missing()) for item in chosen]
+    plan = [(item, tuple(r for r in (item.smoke_runs if smoke else item.runs) if r.on(task)),
+             1 if smoke else (seeds or item.min_seeds), item.missing())  # (item, runs, seeds,
+            for item in chosen]  # why not)
+    if train and not smoke:
+        refuse_dirty([item for item, *_ in plan if item.paired])
     # The items' runs train as one pool (shared runs once), so `parallel` stays busy across
     # items instead of idling at the end of each; probes run after the whole pool.
-    jobs = {}
-    for _, runs, n_seeds, why in plan:
+    jobs = {}  # by (records dir, run, seed): seed-major, so a seed's arms train back to back
+    for item, runs, n_seeds, why in plan:
         # Each run's own seeds (a run may ask for more or fewer than its item; --smoke: 1).
         per_run = {r.name: 1 if smoke else r.seeds(n_seeds) for r in runs}
         if not why:
-            jobs.update({(r.name, s): (r, s) for s in range(max(per_run.values(), default=0))
-                         for r in runs
+            jobs.update({(item.paired, r.name, s): (r, s)
+                         for s in range(max(per_run.values(), default=0)) for r in runs
                          if s < per_run[r.name] and (not only or r.label in only)})
     if train:
-        ensure_runs(list(jobs.values()), task=task, preset=preset, extra=extra,
-                    runs_dir=runs_dir, records_dir=records_dir, parallel=parallel)
+        for paired in (False, True):  # a paired item's runs are its own (`Item.paired`)
+            ensure_runs([v for k, v in jobs.items() if k[0] == paired], task=task,
+                        preset=preset, extra=extra, runs_dir=own(runs_dir, paired),
+                        records_dir=own(records_dir, paired), parallel=parallel)
     written = []
     for item, runs, asked, why in plan:
+        item_records = own(records_dir, item.paired)
         n_seeds, cmd = _seeds_and_command(item, runs, asked, task=task, seeds=seeds,
-                                          smoke=smoke, train=train, records_dir=records_dir)
+                                          smoke=smoke, train=train, records_dir=item_records)
         written += _report(items_lib.ProbeContext(
             item=item, task=task, preset=preset, extra=extra, seeds=n_seeds, asked=asked,
-            smoke=smoke, measure=train, records_dir=records_dir, runs_dir=runs_dir,
-            out_dir=out / task, command=cmd), runs, why)
+            smoke=smoke, measure=train, records_dir=item_records,
+            runs_dir=own(runs_dir, item.paired), out_dir=out / task, command=cmd), runs, why)
     written.append(summary.write_summary(out, tasks=(task,) if smoke else tuple(TASKS)))
     if out == RESULTS and summary.sync_front_page(ROOT / "README.md", out, tuple(TASKS),
                                                   link_prefix="experiments/results/"):

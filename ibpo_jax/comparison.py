@@ -314,22 +314,89 @@ def phi_edit_distance(units: jax.Array, n_units: jax.Array, correct: jax.Array, 
     return _with_delta(out, e, n_units, correct, units.shape[1], reduce, prefix_delta=False)
 
 
+def _prefix_phi(e: jax.Array, n_units: jax.Array, correct: jax.Array, n_slots: int) -> Phi:
+    """Phi of first errors e [G] read without a peer (`checker`, `peer_steps`): normalized,
+    capped and credited exactly as `lcs_first_error`'s under reduce="max" (φ_i = e_i / n_i and
+    Δ_iu = [u < e_i] on the wrong non-empty responses of a group with a correct one)."""
+    e = jnp.clip(e, 0, n_units)
+    has_match = ~correct & jnp.any(correct) & (n_units > 0)
+    phi = jnp.where(has_match, safe_div(e, n_units), 0.0).astype(jnp.float32)
+    slot = jnp.arange(n_slots)[None, :]
+    delta = (slot < e[:, None]) & (slot < n_units[:, None]) & (phi > 0)[:, None]
+    return Phi(phi=phi, delta=delta.astype(jnp.float32),
+               first_error=jnp.where(correct, n_units, jnp.where(has_match, e, 0)).astype(
+                   jnp.int32),
+               best_match=jnp.full(e.shape, -1, jnp.int32))
+
+
+@OPERATORS.register("checker")
+def phi_checker(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                alignment: str = "lcs", reduce: str = "max", truth: jax.Array | None = None
+                ) -> Phi:
+    """Oracle credit (issue 57): e_i = the task checker's first wrong step of response i,
+    given in the units' own index (`truth` [G] int32; < 0: the checker names no wrong unit,
+    so every unit present is right and e_i = n_i); φ and Δ as `lcs_first_error`'s
+    (`_prefix_phi`). No peer is read (best_match -1): the same responses get credit as under
+    the LCS operators, only where their first error lies differs."""
+    del alignment, reduce
+    if truth is None:
+        raise ValueError("comparison: ibpo.operator='checker' needs the checker's first wrong "
+                         "step of every response (truth)")
+    truth = jnp.asarray(truth, jnp.int32)
+    return _prefix_phi(jnp.where(truth >= 0, truth, n_units), n_units, correct, units.shape[1])
+
+
+@OPERATORS.register("peer_steps")
+def phi_peer_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                   alignment: str = "lcs", reduce: str = "max") -> Phi:
+    """e_i = the first unit of u_i that NO correct response of the group contains, anywhere
+    (issue 57): a step counts as right when any correct peer took it, in any order, so a wrong
+    response that took a right path of its own up to its mistake is not cut at the first step
+    where it leaves one peer's sequence (LCS). With a task's canonical step ids
+    (`Task.canonical_step`: e.g. countdown's commutative operands sorted) equal steps written
+    differently match too. φ and Δ as `lcs_first_error`'s (`_prefix_phi`); no single peer is
+    read (best_match -1), so `alignment` and `reduce` do not apply. Cost: one sort of the
+    group's G·U units and G·U binary searches."""
+    del alignment, reduce
+    g, n_slots = units.shape
+    slot = jnp.arange(n_slots)[None, :]
+    in_unit = slot < n_units[:, None]  # [G, U]
+    peer = (correct[:, None] & in_unit).reshape(-1)
+    flat = units.reshape(-1)
+    # Peers' units sorted first among equal values, the others pushed to the end: the array is
+    # sorted, and the leftmost slot holding a query value is a peer's if any peer has it.
+    key = jnp.where(peer, flat, jnp.iinfo(jnp.int32).max)
+    order = jnp.lexsort((~peer, key))
+    keys, is_peer = key[order], peer[order]
+    at = jnp.clip(jnp.searchsorted(keys, flat, side="left"), 0, flat.shape[0] - 1)
+    taken = ((keys[at] == flat) & is_peer[at]).reshape(g, n_slots)
+    miss = in_unit & ~taken
+    e = jnp.where(jnp.any(miss, 1), jnp.argmax(miss, 1), n_units)
+    return _prefix_phi(e.astype(jnp.int32), n_units, correct, n_slots)
+
+
+# Operators that read the checker's first wrong step (`compute_phi(truth=...)`).
+NEEDS_TRUTH = ("checker",)
+
+
 def compute_phi(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
                 operator: str = "lcs_first_error", alignment: str = "lcs",
-                reduce: str = "max") -> Phi:
+                reduce: str = "max", truth: jax.Array | None = None) -> Phi:
     """φ, Δ, first errors and best matches of ONE group (DESIGN §2); vmap for a batch.
 
     units: [G, U] int32 unit ids (from `response_units`, `split_steps` or `token_units`; give
     every unit a slot, see the module docstring), n_units: [G] int32, correct: [G] bool.
     operator: a name in `registry.OPERATORS` ("terminal", "edit_distance", "lcs",
-    "lcs_first_error"); alignment: "lcs" | "prefix" (the first-error rule); reduce: "max" |
-    "mean" (over the group's correct responses). Under jax.vmap (units [B, G, U]) all B·G²
-    pairs run in one kernel call.
+    "lcs_first_error", "peer_steps", "checker"); alignment: "lcs" | "prefix" (the first-error
+    rule); reduce: "max" | "mean" (over the group's correct responses); truth: [G] int32, the
+    checker's first wrong unit of each response (< 0: none), read by "checker" alone. Under
+    jax.vmap (units [B, G, U]) all B·G² pairs run in one kernel call.
     """
     fn = OPERATORS.get(operator, key="ibpo.operator")
     _choice(alignment, ALIGNMENTS, "ibpo.alignment")
     _choice(reduce, REDUCTIONS, "ibpo.reduce")
     units, n_units, correct = map(jnp.asarray, (units, n_units, correct))
     _check_group(units, n_units, correct)
+    kw = {"truth": truth} if operator in NEEDS_TRUTH else {}
     return fn(units.astype(jnp.int32), n_units.astype(jnp.int32), correct.astype(bool),
-              alignment=alignment, reduce=reduce)
+              alignment=alignment, reduce=reduce, **kw)

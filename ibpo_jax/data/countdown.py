@@ -378,19 +378,24 @@ def check(response_text: str, record: dict) -> ArithCheck:
     return ArithCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)
 
 
+def canonical_step(line: str) -> str:
+    """A step line in one form per step (`Task.canonical_step`, the `peer_steps` operator):
+    + and * written larger operand first ("3+5=8" and "5+3=8" are one step); any other line,
+    the answer line included, as it is."""
+    m = _STEP_RE.fullmatch(line)
+    if m is None:
+        return line
+    a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
+    if op in "+*" and b > a:
+        a, b = b, a
+    return f"{a}{op}{b}={c}"
+
+
 def solution_key(text: str) -> tuple[str, ...]:
-    """What a solution is (module doc): its step lines with + and * written larger operand
-    first, as a sorted tuple (the order of the steps and the answer line do not matter)."""
-    key = []
-    for line in text.strip("\n").split("\n"):
-        m = _STEP_RE.fullmatch(line)
-        if m is None:
-            continue
-        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), m.group(4)
-        if op in "+*" and b > a:
-            a, b = b, a
-        key.append(f"{a}{op}{b}={c}")
-    return tuple(sorted(key))
+    """What a solution is (module doc): its step lines in canonical form (`canonical_step`), as
+    a sorted tuple (the order of the steps and the answer line do not matter)."""
+    lines = text.strip("\n").split("\n")
+    return tuple(sorted(canonical_step(x) for x in lines if _STEP_RE.fullmatch(x)))
 
 
 def group_solution_stats(texts: list[str], correct: list[bool],

@@ -50,6 +50,10 @@ class Task:
     question_fn: record -> the problem statement alone (what second-round prompts quote,
       `data.followups`).
     wrap_fn: a user message -> the model's prompt text (the chat template, or the identity).
+    checks_steps: its reward's reports name the first wrong step (`first_wrong_step`, a line
+      index), which `ibpo.operator = "checker"` reads.
+    canonical_step: a step line -> its canonical form (`ibpo.operator = "peer_steps"` compares
+      steps in it), or None: the step as written.
     """
 
     name: str
@@ -59,6 +63,8 @@ class Task:
     reference_fn: Callable[[dict], str | None]
     question_fn: Callable[[dict], str] = operator.itemgetter("question")
     wrap_fn: Callable[[str], str] = str
+    checks_steps: bool = False
+    canonical_step: Callable[[str], str] | None = None
 
     def split(self, name: str) -> Sequence[dict]:
         if name not in self.splits:
@@ -110,20 +116,22 @@ def countdown_task(*, config: countdown.CountdownConfig | None = None,
     builder_config = countdown_tfds.CountdownBuilderConfig.make(
         config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
     return _procedural_task(countdown_tfds.IbpoCountdown, builder_config, countdown.prompt_text,
-                            data_dir)
+                            data_dir, canonical_step=countdown.canonical_step)
 
 
 def _procedural_task(builder_cls, builder_config, prompt_fn: Callable[[dict], str],
-                     data_dir: str | None) -> Task:
+                     data_dir: str | None,
+                     canonical_step: Callable[[str], str] | None = None) -> Task:
     """A procedural task over the three splits of `builder_config` (procedural_tfds, built on
-    first use into data_dir); its reward has the task's name."""
+    first use into data_dir); its reward has the task's name and its checker reports the
+    first wrong step."""
     from ibpo_jax.data import procedural_tfds
 
     name = builder_cls.task_name()
     splits = {s: functools.partial(procedural_tfds.load_split, builder_cls, builder_config, s,
                                    data_dir) for s in ("train", "validation", "test")}
     return Task(name=name, reward=name, splits=splits, prompt_fn=prompt_fn,
-                reference_fn=_reference)
+                reference_fn=_reference, checks_steps=True, canonical_step=canonical_step)
 
 
 def _chat(text: str, tokenizer, enable_thinking: bool, system: str | None) -> str:

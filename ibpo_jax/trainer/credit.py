@@ -40,6 +40,13 @@ class Rollout(NamedTuple):
     # β·KL(π_sampler ‖ π_ref) of each row, taken off R before the advantages (config
     # loss.kl_in = "reward", `step.reward_kl`; None: none). φ and the metrics read R itself.
     kl_penalty: jax.Array | None = None  # [N] float32
+    # What two operators read of the checker and the task (`step_labels`, set by the trainer
+    # only for them; the update never reads them): the checker's first wrong step, a step
+    # index (-1: none), for "checker"; the task's canonical step ids and their count, for
+    # "peer_steps".
+    step_truth: jax.Array | None = None  # [N] int32
+    step_ids: jax.Array | None = None  # [N, U] int32
+    step_ids_len: jax.Array | None = None  # [N] int32
 
 
 class Credit(NamedTuple):
@@ -93,13 +100,46 @@ def response_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array
                                      max_units=spec.ibpo.max_units or None)
 
 
+def checker_truth(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> jax.Array:
+    """[N] int32: the checker's first wrong step (`Rollout.step_truth`) in the comparison's
+    units: the step index itself, or (granularity "token") the tokens before that step's first
+    token; -1 where the checker names none."""
+    if rollout.step_truth is None:
+        raise ValueError("ibpo.operator='checker': this batch carries no checker labels "
+                         "(Rollout.step_truth); extra rounds (corrections, SCoRe) do not")
+    truth = rollout.step_truth.astype(jnp.int32)
+    if spec.ibpo.granularity == "step":
+        return truth
+    length = (rollout.response_len - rollout.ended.astype(jnp.int32)).astype(jnp.int32)
+    step = jax.vmap(lambda t, n: comparison.token_unit_index(t, n, is_delim))(
+        rollout.response, length)  # [N, R]: leading delimiters -1, i.e. before every step
+    live = jnp.arange(step.shape[1])[None, :] < length[:, None]
+    before = jnp.sum(live & (step < truth[:, None]), axis=1)
+    return jnp.where(truth >= 0, before, -1).astype(jnp.int32)
+
+
+def compared_units(spec: StepSpec, rollout: Rollout, u: comparison.Units
+                   ) -> tuple[jax.Array, jax.Array]:
+    """(units [N, U], [N] bool rows that fell back): the units φ compares. "peer_steps" with
+    the task's canonical step ids (`Rollout.step_ids`) compares those, except on a row whose
+    step count differs from the tokens' (`step_labels`), which keeps its hashed steps."""
+    if (spec.ibpo.operator != "peer_steps" or rollout.step_ids is None
+            or spec.ibpo.granularity != "step"):
+        return u.units, jnp.zeros(u.n_units.shape, bool)
+    same = rollout.step_ids_len == u.n_units
+    return jnp.where(same[:, None], rollout.step_ids, u.units), ~same
+
+
 def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credit, dict]:
     """φ, advantages and the group statistics of Appendix A for one rollout batch."""
     g, ibpo = spec.group_size, spec.ibpo
     u = response_units(spec, rollout, is_delim)
-    phi_out = jax.vmap(lambda units, n, c: comparison.compute_phi(
-        units, n, c, operator=ibpo.operator, alignment=ibpo.alignment, reduce=ibpo.reduce))(
-        groups(u.units, g), groups(u.n_units, g), groups(rollout.correct, g))
+    units, fallback = compared_units(spec, rollout, u)
+    truth = (groups(checker_truth(spec, rollout, is_delim), g)
+             if ibpo.operator in comparison.NEEDS_TRUTH else None)
+    phi_out = jax.vmap(lambda units, n, c, t: comparison.compute_phi(
+        units, n, c, operator=ibpo.operator, alignment=ibpo.alignment, reduce=ibpo.reduce,
+        truth=t))(groups(units, g), groups(u.n_units, g), groups(rollout.correct, g), truth)
     phi = phi_out.phi  # [B, G]
     delta = None
     if ibpo.credit == "token" and not spec.is_ppo:  # Δ whose token mean is φ (DESIGN §2)
@@ -111,6 +151,9 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     if rollout.kl_penalty is not None:
         metrics["kl_reward"] = live_mean(rollout.kl_penalty, rollout.valid)
     metrics["units_truncated_frac"] = live_mean(u.truncated.astype(jnp.float32), rollout.valid)
+    if rollout.step_ids is not None and ibpo.operator == "peer_steps":
+        metrics["canonical_fallback_frac"] = live_mean(fallback.astype(jnp.float32),
+                                                       rollout.valid)
     if not spec.is_ppo:
         seq_adv = adv if delta is None else group_advantages(spec, rollout, phi)
         metrics.update(where_credit_goes(rollout, adv, seq_adv, phi_out.first_error.reshape(-1),

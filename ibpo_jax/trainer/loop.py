@@ -33,6 +33,7 @@ from ibpo_jax.models import hf_io, lora
 from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
 from ibpo_jax.trainer import dynamic as dynamic_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib
+from ibpo_jax.trainer import step_labels as labels_lib
 from ibpo_jax.trainer import step_records as records_lib
 from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import encode_prompts
@@ -236,6 +237,8 @@ class Trainer:
         reward = dynamic_lib.shaped_reward(self.cfg, got, stats)
         rollout, plan = self.as_rollout(got.prompts, got.out, got.rows, reward, got.correct,
                                         got.ended, got.lengths, valid=got.valid)
+        rollout = labels_lib.label(rollout, got, ibpo=self.cfg.ibpo, task=self.task,
+                                   tokenizer=self.tokenizer, mesh=self.mesh)
         return Collected(got.records, got.prompts, got.rows, got.infos, got.lengths, rollout,
                          plan, got.times, got.sampled, stats)
 

@@ -14,7 +14,7 @@ from typing import Any
 from ibpo_jax.config import ConfigError, RunConfig
 from ibpo_jax.data import arith, countdown, formats, get_task
 from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.trainer import policy
+from ibpo_jax.trainer import policy, step_labels
 
 
 def _arith_options(cfg: RunConfig) -> dict[str, Any]:
@@ -87,6 +87,7 @@ def train_and_eval_tasks(cfg: RunConfig, tokenizer: Any) -> tuple[Any, Any, str]
     benchmark's file is its only split, "test")."""
     t = cfg.task
     task = build_task(cfg, tokenizer, t.name, t.path, fields=task_fields(cfg, t.name))
+    step_labels.check_task(cfg.ibpo, task)  # the operator reads what the task gives
     eval_task = task
     if t.eval_name or (t.eval_path and t.name not in PROCEDURAL):
         name = t.eval_name or t.name
