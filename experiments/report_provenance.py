@@ -41,8 +41,10 @@ def shared_runs(item: items_lib.Item, task: str = "") -> list[str]:
     """Which of the item's runs other items reuse (the same directory and records), and which
     of its comparisons other items count too: their verdicts are not independent evidence.
     Only items planned on `task` count ("": every item)."""
+    if item.paired:  # its runs are its own (`Item.paired`)
+        return []
     others = [o for o in items_registry.ITEMS.values()
-              if o.name != item.name and (not task or o.planned(task))]
+              if o.name != item.name and not o.paired and (not task or o.planned(task))]
     lines = []
     for r in item.runs:
         if users := [o.name for o in others if r.name in {x.name for x in o.runs}]:
@@ -115,6 +117,56 @@ def _seed(rec: dict) -> str:
     return str((rec.get("config") or {}).get("seed", "?"))
 
 
+def _final(rec: dict) -> float:
+    return [row["eval_accuracy"] for row in rec["rows"] if "eval_accuracy" in row][-1]
+
+
+def host_split(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
+    """Each comparison of two runs' final accuracy whose records come from more than one host
+    (issue 57): its effect within each host's seeds (Welch) and, for two hosts, whether they
+    disagree (the difference of the two effects, Welch): a pooled "level" may average two
+    groups that contradict each other."""
+    from experiments import stats  # (scipy: only where a report asks)
+
+    host = lambda r: r.get("cpu") or "unknown"  # noqa: E731
+    out = []
+    for c in item.comparisons:
+        if len(c.terms) != 2 or any(m != "final" for _, _, m in c.terms) or c.ref:
+            continue
+        (ka, a, _), (kb, b, _) = c.terms
+        groups = sorted(set.intersection(*({host(r) for r in data.get(label, [])}
+                                           for label in (a, b))))  # hosts with both runs
+        if len(groups) < 2:
+            continue
+        sides, parts = [], []
+        for g in groups:
+            xa, xb = ([r for r in data.get(label, []) if host(r) == g] for label in (a, b))
+            seeds = sorted({int(r.get("config", {}).get("seed", -1)) for r in xa + xb})
+            commits = sorted({str(r.get("commit", "?"))[:7] for r in xa + xb})
+            t = stats.contrast(terms=[(ka, [_final(r) for r in xa]),
+                                      (kb, [_final(r) for r in xb])])
+            sides.append((xa, xb))
+            effect = ("—" if t.diff != t.diff else f"{100 * t.diff:+.2f} points" + (
+                "" if t.low != t.low else f" [{100 * t.low:+.2f}, {100 * t.high:+.2f}]"))
+            parts.append(f"{g} (seeds {', '.join(map(str, seeds))}; commits "
+                         f"{', '.join(commits)}): {effect}")
+        line = f"- {c.name}: " + "; ".join(parts)
+        if len(sides) == 2:
+            (a1, b1), (a2, b2) = sides
+            t = stats.contrast(terms=[(ka, [_final(r) for r in a1]),
+                                      (kb, [_final(r) for r in b1]),
+                                      (-ka, [_final(r) for r in a2]),
+                                      (-kb, [_final(r) for r in b2])])
+            if t.p == t.p:
+                line += (f"; the two hosts' effects differ by {100 * t.diff:+.2f} points "
+                         f"(Welch p {t.p:.2g})")
+        out.append(line)
+    if not out:
+        return []
+    return ["", "Where a comparison's records span hosts (and the commits within each), its "
+            "effect on each host's seeds alone, Welch 95 % intervals:", "", *out]
+
+
 def provenance_lines(item: items_lib.Item, data: dict[str, list[dict]], task: str = ""
                      ) -> list[str]:
     """The runs shared with other items (planned on `task`), the code and hosts of the
@@ -129,4 +181,4 @@ def provenance_lines(item: items_lib.Item, data: dict[str, list[dict]], task: st
         lines += ["", "Truncated records: " + "; ".join(cut) + "."]
     if host_list := hosts(data):
         lines += ["", f"Hosts: {host_list}."]
-    return lines
+    return lines + host_split(item, data)

@@ -46,7 +46,14 @@ Every verdict follows one rule (`experiments/stats.py`, `experiments/report.py`)
 - **Provenance**: each record names its code (`commit`, `dirty`) and host (`cpu`); records
   written before that are back-filled by `python -m experiments.provenance` with the parent
   of the commit that added their values (`commit_source` says so; `dirty` null: unknown).
-  Reports list the commits behind their records and any truncated record.
+  Reports list the commits behind their records and any truncated record; where a two-run
+  comparison's records span hosts, the effect on each host's seeds alone and whether the hosts
+  disagree (issue 57: on `arith_long` the headline pair's AMD and Intel seeds do).
+- **Paired items** (`oracle`, issue 57) train seed s of every arm on one host at one commit,
+  back to back, from a clean tree, in records of their own (`runs/<task>/paired/`), and compare
+  arms on the per-seed differences: paired t with n − 1 df, its 95 % interval, Holm within the
+  item, and the detectable effect (t₀.₉₇₅ + t₀.₈) · sd(d) / √n. Their pages refuse to pair
+  records of more than one commit or host, or a dirty one, and say which.
 """
 JUDGED = ("holds", "partly", "does not hold", "not shown")
 
