@@ -24,6 +24,7 @@ class Batch(NamedTuple):
     rollout: Any  # step.Rollout on the mesh
     correct: np.ndarray  # [N] bool, this process's rows
     infos: list[dict]  # the verifier's reports of those rows
+    records: list[dict] | None = None  # [B] the problems, prompt-major (row i: i // G)
 
 
 @contextlib.contextmanager
@@ -48,7 +49,7 @@ def sample_batch(trainer: loop.Trainer, k: int) -> Batch:
     reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
                                                   lengths[rows])
     rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
-    return Batch(prompts, rollout, correct, infos)
+    return Batch(prompts, rollout, correct, infos, records)
 
 
 def seed_records(records_dir: Path, stem: str, seeds: int, measure: Callable[[int], dict], *,

@@ -9,7 +9,11 @@ first-error rule (DESIGN §2: `lcs`, the first unit left unmatched by an optimal
 by the operator's own score (the j* of `comparison.compute_phi`: φ's first error under that
 operator), by majority over the correct peers (the paper's "majority of correct trajectories":
 the most common first error, ties to the earliest), or by an oracle that picks, per response,
-any peer whose first error is right (an upper bound on what choosing a peer can do).
+any peer whose first error is right (an upper bound on what choosing a peer can do). Two
+signals read no single peer (issue 57): `peer_steps`, the first step no correct peer took in
+the task's canonical form, and the policy's own Monte-Carlo completions of each step prefix
+(the first prefix from which none of `COMPLETIONS` continuations is right), which needs no
+peer at all.
 
 Each seed's counts are a record under experiments/results/runs/<task>/credit_s<seed>.json, so
 the report is rebuilt from committed records without sampling again.
@@ -44,9 +48,47 @@ ALIGNMENTS = ("lcs", "prefix")
 PEER_STEPS = "any peer's step: peer_steps"
 
 
+# A signal no peer limits (issue 57): the first step end from which none of COMPLETIONS
+# continuations sampled by the policy (temperature 1) is judged right, with the PRM's
+# Monte-Carlo labels (`methods.prm.labels`). It reads the reward, never the checker's step.
+COMPLETIONS = 8
+COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
+
+
 def signal_names() -> list[str]:
     return [f"{rule}: {peer}" for rule in ALIGNMENTS
-            for peer in (*OPERATORS, "majority of peers", "oracle peer")] + [PEER_STEPS]
+            for peer in (*OPERATORS, "majority of peers", "oracle peer")] + [PEER_STEPS,
+                                                                           COMPLETION]
+
+
+def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows: np.ndarray,
+                            key: jax.Array) -> np.ndarray:
+    """[len(rows)] the first step end (a line index) of responses `rows` from which no sampled
+    continuation is right: Monte-Carlo labels of every step prefix, the first labelled 0."""
+    from ibpo_jax import sampling
+    from ibpo_jax.methods.prm import labels
+
+    r, g = trainer.cfg.rollout, trainer.cfg.rollout.group_size
+    host = lambda x: np.asarray(jax.device_get(x))[rows]  # noqa: E731
+    prompt, prompt_len, response, response_len = (host(getattr(batch.rollout, f)) for f in (
+        "prompt", "prompt_len", "response", "response_len"))
+    complete = sampling.generate_fn(
+        trainer.base.config, trainer.base.options, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, eos_ids=tuple(trainer.tokenizer.eos_ids),
+        pad_id=trainer.tokenizer.pad_id, num_samples=COMPLETIONS, mesh=trainer.mesh)
+
+    def judge(m, tokens, lengths):
+        return trainer.score([batch.records[int(rows[i]) // g] for i in m], tokens, lengths)[1]
+
+    with jax.set_mesh(trainer.mesh):
+        mc = labels.monte_carlo_labels(
+            generate=complete, params=trainer.policy, prompt=prompt, prompt_len=prompt_len,
+            response=response, response_len=response_len, is_delim=trainer.tokenizer.is_delim,
+            judge=judge, num_completions=COMPLETIONS, max_steps=response.shape[1],
+            max_prompt_len=r.max_prompt_len + r.max_new_tokens,
+            pad_id=trainer.tokenizer.pad_id, key=key)
+    dead = mc.valid & (mc.labels == 0)  # the whole response's own step: judged wrong
+    return np.where(dead.any(1), dead.argmax(1), dead.shape[1]).astype(np.int64)
 
 
 @jax.jit
@@ -86,7 +128,8 @@ def _majority(e_row: np.ndarray, peers: np.ndarray) -> int:
     return int(values[np.argmax(counts)])  # np.unique sorts: ties go to the earliest
 
 
-def count_batch(trainer: loop.Trainer, batch: base_probe.Batch) -> dict[str, list[int]]:
+def count_batch(trainer: loop.Trainer, batch: base_probe.Batch, key: jax.Array | None = None
+                ) -> dict[str, list[int]]:
     """[agree, earlier, later, scored] per signal for one rollout batch of the base policy."""
     g = trainer.cfg.rollout.group_size
     rollout, correct, infos = batch.rollout, batch.correct, batch.infos
@@ -119,6 +162,10 @@ def count_batch(trainer: loop.Trainer, batch: base_probe.Batch) -> dict[str, lis
     t = truth[scored]
     counts[PEER_STEPS] = [int(np.sum(found == t)), int(np.sum(found < t)),
                           int(np.sum(found > t)), int(t.size)]
+    if batch.records is not None and key is not None:
+        found = completion_first_errors(trainer, batch, np.flatnonzero(scored), key)
+        counts[COMPLETION] = [int(np.sum(found == t)), int(np.sum(found < t)),
+                              int(np.sum(found > t)), int(t.size)]
     return counts
 
 
@@ -129,7 +176,9 @@ def measure(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     total: dict[str, list[int]] = {}
     with base_probe.base_trainer(cfg) as (trainer, base):
         for k in range(batches):
-            for name, c in count_batch(trainer, base_probe.sample_batch(trainer, k)).items():
+            mc_key = jax.random.fold_in(jax.random.key(seed), 1_000 + k)  # completions'
+            for name, c in count_batch(trainer, base_probe.sample_batch(trainer, k),
+                                       mc_key).items():
                 total[name] = [a + b for a, b in zip(total.get(name, [0, 0, 0, 0]), c)]
     commit, dirty = git_commit(ROOT)  # the code and host that measured it
     return {"preset": preset, "overrides": overrides, "base": base, "batches": batches,
@@ -196,6 +245,9 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
         why += (f"; `peer_steps` (the first step no correct peer took, in the task's canonical "
                 f"form) finds it for {rate(PEER_STEPS):.1f} % "
                 f"({len(_rates(recs, PEER_STEPS, 0))} seed(s))")
+    if COMPLETION in names:  # no peer needed: the policy's own continuations of each prefix
+        why += (f"; the policy's completions ({COMPLETIONS} a step prefix, the first prefix "
+                f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
     from experiments import report  # (report does not import the probes)
 
     lines += ["", f"**Measured:** {why}.", "",
