@@ -208,7 +208,9 @@ class RewardConfig(_Section):
 class IbpoConfig(_Section):
     KEY = "ibpo"
     operator: str = "lcs_first_error"
-    """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0)."""
+    """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0); "checker" = the
+    oracle (the task checker's first wrong step, arith and countdown); "peer_steps" = the
+    first step no correct peer took, in the task's canonical form."""
     granularity: str = "step"
     """Comparison units: "step" (hashed lines) or "token"."""
     max_units: int = 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments import (
+    credit_probe,
     gradient_probe,
     items,
     items_paper,
@@ -54,6 +55,8 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         rows = [line for line in md.splitlines() if line.startswith("| lcs: ")
                 or line.startswith("| prefix: ")]
         assert len(rows) == 10 and all(re.search(r"\| \d+\.\d ± \d+\.\d \|", r) for r in rows)
+        for name in (credit_probe.PEER_STEPS, credit_probe.COMPLETION):  # issue 57's signals
+            assert re.search(rf"^\| {re.escape(name)} \| \d+\.\d ± \d+\.\d \|", md, re.M)
         assert (out / "arith" / "credit.png").stat().st_size > 1000
         assert (out / "runs" / "arith" / "credit_s0.json").exists()
         return
@@ -61,6 +64,13 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         assert re.search(r"^\| base policy \| 1 \|", md, re.M), md
         assert (out / "arith" / "prefix_credit.png").stat().st_size > 1000
         assert (out / "runs" / "arith" / "prefix_credit_s0.json").exists()
+        return
+    if registry.ITEMS[name].paired:  # its own page: the smoke arm's row and the figure
+        row = next(line for line in md.splitlines()
+                   if line.startswith(f"| {registry.ITEMS[name].smoke_runs[0].label} |"))
+        assert re.fullmatch(r"\d+\.\d", row.split("|")[3].strip()), row
+        assert (out / "runs" / "arith" / "paired").is_dir()
+        assert (out / "arith" / f"{name}.png").stat().st_size > 1000
         return
     if name == "variants":  # + the probe: variants on the same batches of the base policy
         section = md.split("## Same batches, at the base policy")[1]
