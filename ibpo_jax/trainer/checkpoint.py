@@ -16,13 +16,24 @@ do not fit the state being restored (another model or optimizer) is not damage: 
 A step may also hold host arrays beside the state (`save`'s `arrays`: an off-policy run's
 pending batch, trainer/offpolicy.py), one .npz in the step directory (`ARRAYS_FILE`) that the
 JSON record names rather than holds.
+
+A save that cannot complete (no space, no permission, an I/O error) stops the run with one
+line (`CheckpointSaveError`: the step, the directory, the bytes a checkpoint needs and those
+free, the checkpoint the run resumes from) instead of orbax's thread tracebacks, which go to
+`<workdir>/checkpoint_errors.log`; its temporary step directory is removed, and so are those a
+killed save left behind, when the run's Checkpointer opens (the run holds its workdir's lock).
+Free space is checked before every save (all processes decide together) and when the run
+starts (`check_space`): a run that cannot save even once is refused before it trains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from ibpo_jax import sharding
 from ibpo_jax.trainer.errors import RunError
 
 _SHOWN = 3  # mismatched leaves named in an error
@@ -40,6 +52,31 @@ ARRAYS_FILE = f"{ARRAYS}/arrays.npz"  # its file, relative to the step directory
 
 class CheckpointError(RunError):
     """No checkpoint of the directory can be read."""
+
+
+class CheckpointSaveError(RunError):
+    """A checkpoint could not be written (space, permission, I/O): the run stops, resumable from
+    its last complete checkpoint."""
+
+
+TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary step directories
+ERRORS_FILE = "checkpoint_errors.log"  # beside the checkpoints: what orbax said of a failure
+SPACE_MARGIN = 1.1  # a checkpoint's bytes on disk over its arrays' (metadata, alignment)
+SPACE_SLACK = 1 << 20
+DRAIN_S = 2.0  # after a failed save: time for its pending writes to fail (into the log)
+
+
+def tree_bytes(tree: Any) -> int:
+    """Bytes of the arrays of `tree` (global arrays: every shard, over all processes)."""
+    return int(sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(tree)))
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
 
 
 class CheckpointMismatch(RunError):
@@ -83,10 +120,22 @@ def _read_only_notice(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Given directory is read only")
 
 
+# What an I/O failure's text says, in words (tensorstore's messages quote paths and specs).
+_IO_CAUSES = (("No space left on device", "no space left on device"),
+              ("Permission denied", "permission denied"),
+              ("Read-only file system", "read-only file system"),
+              ("Disk quota exceeded", "disk quota exceeded"),
+              ("Input/output error", "I/O error"),
+              ("File too large", "a file over the process's size limit, ulimit -f"))
+
+
 def _reason(error: Exception) -> str:
     """One short line for an orbax / tensorstore error (theirs run to pages of specs)."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {(text[0] if text else '')[:160]}"
+    text = str(error).strip()
+    if cause := next((words for key, words in _IO_CAUSES if key in text), None):
+        return cause
+    lines = text.splitlines()
+    return f"{type(error).__name__}: {(lines[0] if lines else '')[:160]}"
 
 
 class Checkpointer:
@@ -115,6 +164,8 @@ class Checkpointer:
         )
         absl_log = logging.getLogger("absl")  # orbax's: it warns on every read-only manager
         absl_log.addFilter(_read_only_notice)
+        if not read_only:
+            self._remove_partial()  # a killed or failed save's leftovers block no start
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         finally:
@@ -147,13 +198,102 @@ class Checkpointer:
         """Saves `state`, the JSON record `meta` and, if any, the host `arrays` (ARRAYS_FILE)
         as step `step`, all at once: orbax writes the items into a temporary step directory
         and commits it complete, so a run killed mid-save never leaves a record without its
-        arrays (the previous checkpoint stays the latest)."""
+        arrays (the previous checkpoint stays the latest). Raises CheckpointSaveError, before
+        writing when the space is short (every process decides together), or when the write
+        fails (its temporary directory removed)."""
         self._checked = None  # a resumed run that never asked for its arrays: not kept
+        need, measured = self.bytes_needed(state, arrays)
+        # Refused ahead only against a measured size (a committed checkpoint's): the first
+        # save's is an upper bound (orbax compresses), so it is tried, and caught if it fails.
+        if measured and sharding.process_max(np.array([self.free_bytes() < need], np.int32))[0]:
+            raise CheckpointSaveError(self._failed(step, need, "not enough free space"))
         items = {"state": ocp.args.StandardSave(state)}
         if arrays is not None:  # named in the record: a restore checks that the file reads
             meta, items[ARRAYS] = {**meta, ARRAYS: ARRAYS_FILE}, NpzSave(arrays)
-        self._manager.save(step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta)))
-        self._manager.wait_until_finished()
+        try:
+            with self._orbax_errors_to_file():
+                self._manager.save(step, args=ocp.args.Composite(
+                    **items, meta=ocp.args.JsonSave(meta)))
+                self._manager.wait_until_finished()
+        except Exception as e:
+            self._remove_partial(step)
+            raise CheckpointSaveError(self._failed(step, need, _reason(e))) from None
+
+    def bytes_needed(self, state: Any, arrays: dict[str, np.ndarray] | None = None
+                     ) -> tuple[int, bool]:
+        """(disk bytes of one checkpoint, measured): the newest committed checkpoint's size
+        with a margin when there is one, else its arrays' bytes with a margin (an upper bound:
+        orbax compresses)."""
+        latest = self._manager.latest_step()
+        if latest is not None and self.path(latest).is_dir():
+            size = sum(f.stat().st_size for f in self.path(latest).rglob("*") if f.is_file())
+            return int(size * SPACE_MARGIN) + SPACE_SLACK, True
+        raw = tree_bytes(state) + tree_bytes(arrays or {})
+        return int(raw * SPACE_MARGIN) + SPACE_SLACK, False
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.directory if self.directory.exists()
+                                 else self.directory.parent).free
+
+    def check_space(self, state: Any, keep: int, log: Callable[[str], None]) -> None:
+        """At start-up: refuses a resumed run whose checkpoints no longer fit
+        (CheckpointSaveError), and says so when the space holds fewer than the `keep`
+        checkpoints the run keeps plus the one being written."""
+        need, measured = self.bytes_needed(state)
+        free = self.free_bytes()
+        if measured and sharding.process_max(np.array([free < need], np.int32))[0]:
+            raise CheckpointSaveError(
+                f"{self.directory} has {human(free)} free, and a checkpoint of this run takes "
+                f"{human(need)}: free space there before resuming")
+        if free < need * (keep + 1):
+            size = human(need) if measured else f"up to {human(need)}"
+            log(f"warning: {self.directory} has {human(free)} free; this run keeps {keep} "
+                f"checkpoint(s) of {size} and writes one more while saving: a save that "
+                "does not fit will stop the run, resumable")
+
+    def _failed(self, step: int, need: int, why: str) -> str:
+        last = self._manager.latest_step()
+        resume = (f"it resumes from {self.path(last)} (step {last})" if last is not None
+                  else "no checkpoint was written yet, so it starts over")
+        log = self.directory.parent / ERRORS_FILE
+        return (f"checkpoint of step {step} failed ({why}): it needs {human(need)} in "
+                f"{self.directory}, {human(self.free_bytes())} free; rerun the same command "
+                f"once that is fixed: {resume}" + (f" (details: {log})" if log.exists() else ""))
+
+    @contextlib.contextmanager
+    def _orbax_errors_to_file(self):
+        """What a failing save prints goes to ERRORS_FILE, not the terminal: orbax's threads
+        log the failure with pages of traceback (absl), and tensorstore's pending writes,
+        failing after the save's event loop closed, print theirs to sys.stderr for a while
+        after (waited for, DRAIN_S)."""
+        absl_log = logging.getLogger("absl")
+        path = self.directory.parent / ERRORS_FILE
+        handler = logging.FileHandler(path, delay=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        propagate, absl_log.propagate = absl_log.propagate, False
+        absl_log.addHandler(handler)
+        stderr = sys.stderr
+        with open(path, "a") as sink:
+            sys.stderr = sink
+            try:
+                yield
+            except BaseException:
+                time.sleep(DRAIN_S)  # the failed writes' callbacks, still printing
+                raise
+            finally:
+                sys.stderr = stderr
+                absl_log.removeHandler(handler)
+                absl_log.propagate = propagate
+                handler.close()
+
+    def _remove_partial(self, step: int | None = None) -> None:
+        """Removes orbax's temporary step directories (of `step`, default every one) from the
+        first process: a failed or killed save's, never a committed checkpoint."""
+        if jax.process_index() != 0 or not self.directory.is_dir():
+            return
+        for tmp in self.directory.glob(f"{'' if step is None else step}*{TMP_SUFFIX}*"):
+            if tmp.is_dir() and (step is None or tmp.name.split(".")[0] == str(step)):
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def arrays(self, step: int) -> dict[str, np.ndarray]:
         """The host arrays saved with `step` (`save`'s `arrays`), by name."""

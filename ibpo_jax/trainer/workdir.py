@@ -266,6 +266,7 @@ def resume(checkpointer: Any, cfg: Any, target: Any, workdir: Path, *,
         culprits = (f"config keys changed since it was saved: {describe(changes)}" if changes
                     else "no config key differs from the checkpoint's")
         raise ConfigChanged(f"{e} ({culprits})") from None
+    checkpointer.check_space(target, cfg.train.keep_checkpoints, log)  # before training
     if found is None:
         if record:
             record_config(workdir, cfg, step=None, changes={})

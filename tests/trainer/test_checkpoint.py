@@ -126,3 +126,69 @@ def test_tree_mismatch_reads_namedtuple_states_like_stored_metadata(saved):
     assert tree_mismatch(meta, _state()) == []
     extra = _state()._replace(params={**_state().params, "head": jnp.ones(2)})
     assert tree_mismatch(meta, extra) == ["params.head: not in the checkpoint"]
+
+
+# --- checkpoint I/O failures (issue 60) ---------------------------------------------------
+
+
+def test_a_failed_save_is_one_line_removes_its_partial_directory_and_keeps_the_last(
+        tmp_path, monkeypatch):
+    from ibpo_jax.trainer.checkpoint import CheckpointSaveError
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=3)
+    ckpt.save(2, _state(2.0), {"step": 2, "data_position": 20})
+    real_save = ckpt._manager.save
+
+    def failing_save(step, **kw):  # orbax's temporary directory, then the disk is full
+        (tmp_path / "checkpoints" / f"{step}.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+        raise ValueError(f"RESOURCE_EXHAUSTED: Error writing local file ... step {step}: "
+                         "No space left on device [os_error_code='28']")
+
+    monkeypatch.setattr(ckpt._manager, "save", failing_save)
+    with pytest.raises(CheckpointSaveError) as e:
+        ckpt.save(4, _state(4.0), {"step": 4, "data_position": 40})
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("checkpoint of step 4 failed (no space")
+    assert f"it resumes from {tmp_path / 'checkpoints' / '2'} (step 2)" in message
+    assert " MiB in " in message and " free; rerun the same command" in message
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))  # removed
+    monkeypatch.setattr(ckpt._manager, "save", real_save)
+    step, state, meta = ckpt.restore_latest(_state(0.0), log=print)
+    assert step == 2 and meta["data_position"] == 20
+    np.testing.assert_array_equal(state.params["embed"], np.full((3, 4), 2.0))
+    ckpt.close()
+
+
+def test_space_is_checked_at_start_up_and_before_each_save(tmp_path, monkeypatch):
+    import collections
+
+    from ibpo_jax.trainer import checkpoint
+    from ibpo_jax.trainer.checkpoint import CheckpointSaveError
+
+    ckpt = Checkpointer(tmp_path / "checkpoints", keep=2)
+    said = []
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10, 10, 10))
+    ckpt.check_space(_state(), 2, said.append)  # a fresh run: an upper bound, said, not refused
+    assert said and "up to" in said[0] and "a save that does not fit will stop the run" in said[0]
+    monkeypatch.undo()
+    ckpt.save(2, _state(), {"step": 2})  # a measured size from now on
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda p: usage(10, 10, 10))
+    with pytest.raises(CheckpointSaveError, match="10 B free, and a checkpoint of this run"):
+        ckpt.check_space(_state(), 2, said.append)
+    with pytest.raises(CheckpointSaveError, match=r"step 4 failed \(not enough free space\)"):
+        ckpt.save(4, _state(), {"step": 4})
+    assert ckpt.all_steps() == [2]
+    ckpt.close()
+
+
+def test_leftover_temporary_directories_go_when_a_run_opens_its_checkpoints(tmp_path):
+    directory = tmp_path / "checkpoints"
+    ckpt = Checkpointer(directory)
+    ckpt.save(2, _state(), {"step": 2})
+    ckpt.close()
+    (directory / "4.orbax-checkpoint-tmp" / "state").mkdir(parents=True)  # a killed save
+    Checkpointer(directory, read_only=True).close()  # an evaluation leaves a live save alone
+    assert (directory / "4.orbax-checkpoint-tmp").exists()
+    Checkpointer(directory).close()
+    assert not (directory / "4.orbax-checkpoint-tmp").exists() and (directory / "2").is_dir()

@@ -337,3 +337,28 @@ def test_budget_stops_the_run_with_an_evaluation_and_a_checkpoint(data_dir, tmp_
     assert rows[-1]["budget_trajectories"] == 32 and "eval_accuracy" in rows[-1]
     assert rows[-1]["time_total_s"] > rows[1]["time_total_s"] > 0
     assert (tmp_path / "checkpoints" / "2").exists()
+
+
+def test_a_save_that_cannot_be_written_stops_in_one_line_and_the_rerun_completes(
+        uninterrupted, data_dir, tmp_path):
+    """Issue 60's disk fault in a size-limited process (RLIMIT_FSIZE: its checkpoint's data
+    file is larger than any file may be): one line naming the step, the directory, the bytes
+    and the resume point, no traceback, no temporary directory left; the rerun (no limit)
+    completes with the uninterrupted run's metrics."""
+    import resource
+
+    cmd, env = _train_cmd(tmp_path, data_dir, 1)
+    limit = 200_000  # bytes: logs and records fit, the checkpoint's ~0.9 MB data file does not
+    out = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                               (limit, limit)))
+    assert out.returncode == 1
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr[-2000:]
+    (line,) = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+    assert line.startswith("error: checkpoint of step 2 failed (a file over the process's "
+                           "size limit, ulimit -f): it needs ")
+    assert f"in {tmp_path / 'checkpoints'}, " in line and "so it starts over" in line
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))
+    assert (tmp_path / "checkpoint_errors.log").stat().st_size > 0  # orbax's own account
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True, capture_output=True, timeout=600)
+    assert _comparable(read_metrics(tmp_path / "metrics.jsonl")) == _comparable(uninterrupted)
