@@ -85,6 +85,7 @@ def compare(data: dict[str, dict[int, dict]], *, refused: bool) -> list[dict]:
         seeds = sorted(set(data[a]) & set(data[b]))
         diffs = [final(data[a][s]) - final(data[b][s]) for s in seeds]
         rows.append({"a": a, "b": b, "question": question, "seeds": seeds,
+                     "mean": statistics.mean(diffs) if diffs and not refused else math.nan,
                      "test": stats.paired([] if refused else diffs)})
     tested = [i for i, r in enumerate(rows) if len(r["seeds"]) >= 2 and not refused]
     adjusted = dict(zip(tested, stats.holm([rows[i]["test"].p for i in tested], len(rows))))
@@ -133,7 +134,9 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
              "at one commit, back to back). Final held-out accuracy in %, mean ± sd over "
              "seeds; first-error agreement: the share of scored wrong responses whose first "
              "error under the run's operator is the checker's first wrong step, mean over the "
-             "run's logged steps (GSPO's operator scores none: its 0 is no signal).", "",
+             "run's logged steps (GSPO's terminal operator names the first step of every "
+             "wrong response: its agreement is the share wrong from their first step, the "
+             "floor any operator starts from).", "",
              "| arm | seeds | final accuracy | first-error agreement | φ mean |",
              "|---|---|---|---|---|"]
     for label in arms:
@@ -170,7 +173,8 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
 
 def points(data: dict[str, dict[int, dict]], rows: list[dict]
            ) -> list[tuple[str, float, float, float, float, float]]:
-    """(arm, agreement mean, sd, Δ, low, high) of each arm compared with GSPO."""
+    """(arm, agreement mean, sd, Δ, low, high) of each arm compared with GSPO (the interval
+    nan below 2 pairs)."""
     out = []
     for r in rows:
         if r["b"] != BASELINE:
@@ -178,8 +182,8 @@ def points(data: dict[str, dict[int, dict]], rows: list[dict]
         agree = [x for rec in data[r["a"]].values()
                  if (x := run_mean(rec, "first_error_agreement")) is not None]
         m, sd = stats.mean_sd(agree)
-        t = r["test"]
-        out.append((r["a"], m, 0.0 if sd != sd else sd, t.diff, t.low, t.high))
+        t = r["test"]  # one pair: its difference, no interval
+        out.append((r["a"], m, 0.0 if sd != sd else sd, r["mean"], t.low, t.high))
     return out
 
 
@@ -200,6 +204,11 @@ def plot(panels: list[tuple[str, dict, list[dict]]], path: Path) -> None:
             ax.errorbar(100 * m, 100 * d, xerr=100 * sd, yerr=err, fmt=markers.get(arm, "o"),
                         capsize=3, label=arm)
         ax.axhline(0, color="grey", lw=0.8, ls="--")
+        floor = [x for rec in data.get(BASELINE, {}).values()
+                 if (x := run_mean(rec, "first_error_agreement")) is not None]
+        if floor:  # the terminal operator names the first step: the agreement's floor
+            ax.axvline(100 * statistics.mean(floor), color="grey", lw=0.8, ls=":",
+                       label=f"{BASELINE} (first step named)")
         ax.set_xlim(0, 105)
         ax.set_title(f"{task}")
         ax.set_xlabel("first-error agreement with the checker (%)")
