@@ -11,9 +11,9 @@ from pathlib import Path
 ROOT = Path(__file__).parents[2]
 
 
-def train_in_two_processes(args: list[str], devices: int = 2, timeout: int = 900) -> None:
-    """`python -m ibpo_jax.train ARGS --config.train.distributed=true` as processes 0 and 1;
-    fails with the tail of a process's output when either exits non-zero."""
+def start_two_processes(args: list[str], devices: int = 2) -> list[subprocess.Popen]:
+    """`python -m ibpo_jax.train ARGS --config.train.distributed=true` as processes 0 and 1,
+    started (their output piped, text)."""
     with socket.socket() as s:  # a free port for the coordinator
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -26,7 +26,13 @@ def train_in_two_processes(args: list[str], devices: int = 2, timeout: int = 900
         cmd = [sys.executable, "-m", "ibpo_jax.train", *args, "--config.train.distributed=true"]
         procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    for p in procs:
+    return procs
+
+
+def train_in_two_processes(args: list[str], devices: int = 2, timeout: int = 900) -> None:
+    """Both processes to the end (`start_two_processes`); fails with the tail of a process's
+    output when either exits non-zero."""
+    for p in start_two_processes(args, devices):
         out, _ = p.communicate(timeout=timeout)
         assert p.returncode == 0, out[-3000:]
 

@@ -16,7 +16,7 @@ import pytest
 from ibpo_jax import config
 from ibpo_jax.trainer import loop
 from ibpo_jax.trainer.logs import read_metrics
-from tests.trainer.multiprocess import train_in_two_processes
+from tests.trainer.multiprocess import start_two_processes, train_in_two_processes
 
 ROOT = Path(__file__).parents[2]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.py")
@@ -226,14 +226,31 @@ def test_a_run_writes_eval_samples_grouped_tags_and_a_plot(uninterrupted_dir, un
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
-def test_two_processes_match_one_device(uninterrupted, uninterrupted_dir, data_dir, tmp_path):
+def test_two_processes_stopped_on_one_resume_and_match_one_device(uninterrupted,
+                                                                  uninterrupted_dir, data_dir,
+                                                                  tmp_path):
     """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
     mesh over all 4) each score only the rows their devices hold and a share of the eval rows,
     write one run together (metrics from process 0, checkpoints from both) and match the
-    one-device run."""
+    one-device run. Issue 60's preemption of one host of several on the way: SIGTERM to
+    process 1 alone; both finish the step, one checkpoint is written, both exit 3 naming it;
+    the rerun of both resumes there."""
     cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1")
-    train_in_two_processes(cmd[3:])  # the arguments after `python -m ibpo_jax.train`
-    _assert_same_run(read_metrics(tmp_path / "metrics.jsonl"), uninterrupted)
+    procs = start_two_processes(cmd[3:])  # the arguments after `python -m ibpo_jax.train`
+    metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 600
+    while time.time() < deadline and not any(r["step"] >= 2 for r in read_metrics(metrics)):
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [3, 3], outs[0][-2000:] + outs[1][-2000:]
+    stopped = [next(x for x in out.splitlines() if x.startswith("stopped by SIGTERM after"))
+               for out in outs]
+    assert stopped[0].split(";")[0] == stopped[1].split(";")[0]  # the same step, one checkpoint
+    step = int(stopped[0].split("after step ")[1].split()[0])
+    assert 2 <= step < 6 and (tmp_path / "checkpoints" / str(step)).is_dir()
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))
+    train_in_two_processes(cmd[3:])
+    _assert_same_run(read_metrics(metrics), uninterrupted)
     _assert_same_records(tmp_path, uninterrupted_dir)  # the checker's reports of both
     assert (tmp_path / "hf_final" / "config.json").exists()
 
