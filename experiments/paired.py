@@ -8,8 +8,9 @@ paired t with n − 1 df, its 95 % interval, Holm within the item's comparisons,
 |mean d| the pairs detect at 80 % power (`stats.paired`). Seed-to-seed variation of the
 problems drawn and of the base's sampling is shared by both arms of a pair and cancels.
 
-Provenance is checked, not assumed: the page refuses to pair records of more than one
-(commit, host) or a dirty one, says which, and tests nothing until they agree.
+Provenance is checked, not assumed: a seed whose arms' records differ in commit or host, or
+come from a dirty tree, is left out of every pair, and seeds of more than one commit are not
+paired at all; the page says which and why.
 
 The figure puts every operator on two axes per task: its first-error agreement with the
 checker during training (the per-step `first_error_agreement`, mean over the run) against its
@@ -43,26 +44,31 @@ def records(item: items_lib.Item, task: str, records_dir: Path, seeds: int
     return out
 
 
-def provenance(data: dict[str, dict[int, dict]]) -> tuple[list[str], str]:
-    """(the (commit, host) groups of the records, each with its count; why pairing is refused,
-    or "" when every record is clean and of one commit on one host)."""
+def provenance(data: dict[str, dict[int, dict]]) -> tuple[list[str], str, dict[int, str]]:
+    """(the (commit, host) groups of the records, each with its count; why nothing is paired,
+    or ""; the seeds left out of every pair, with why). A seed pairs only when all its arms'
+    records are clean and of one commit on one host; the item asks one commit for all its
+    seeds (hosts may differ from seed to seed: each pair's difference is taken on one)."""
     groups: dict[tuple[str, str], int] = {}
-    dirty = []
+    per_seed: dict[int, set[tuple[str, str]]] = {}
+    dirty: dict[int, list[str]] = {}
     for label, recs in data.items():
         for seed, rec in recs.items():
             key = (str(rec.get("commit", "unknown"))[:10], rec.get("cpu") or "unknown")
             groups[key] = groups.get(key, 0) + 1
+            per_seed.setdefault(seed, set()).add(key)
             if rec.get("dirty") is not False:
-                dirty.append(f"{label} s{seed}")
+                dirty.setdefault(seed, []).append(label)
     listed = [f"commit {c} on {cpu} ({n} records)" for (c, cpu), n in sorted(groups.items())]
-    why = ""
-    if len(groups) > 1:
-        why = (f"the records come from {len(groups)} (commit, host) groups: "
-               + "; ".join(listed) + ". Seeds are paired only within one; retrain the "
-               "others at one commit on one host")
-    elif dirty:
-        why = f"records from a dirty tree ({', '.join(dirty)}): their code is unknown"
-    return listed, why
+    bad = {s: f"its arms ran on {len(k)} (commit, host) pairs: "
+              + "; ".join(f"{c} on {cpu}" for c, cpu in sorted(k))
+           for s, k in per_seed.items() if len(k) > 1}
+    bad.update({s: f"records from a dirty tree ({', '.join(labels)})"
+                for s, labels in dirty.items() if s not in bad})
+    commits = sorted({c for s, k in per_seed.items() if s not in bad for c, _ in k})
+    why = (f"the seeds come from {len(commits)} commits ({', '.join(commits)}); the item pairs "
+           "seeds of one commit only: retrain the others at one" if len(commits) > 1 else "")
+    return listed, why, bad
 
 
 def final(rec: dict) -> float:
@@ -75,14 +81,15 @@ def run_mean(rec: dict, key: str) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def compare(data: dict[str, dict[int, dict]], *, refused: bool) -> list[dict]:
-    """Every pair of `PAIRS` whose arms both have records: its seeds, test, Holm-adjusted p
-    (over the pairs of the item on this task) and finding."""
+def compare(data: dict[str, dict[int, dict]], *, refused: bool,
+            left_out: frozenset[int] | set[int] = frozenset()) -> list[dict]:
+    """Every pair of `PAIRS` whose arms both have records: its seeds (those `left_out`
+    excepted), test, Holm-adjusted p (over the pairs of the item on this task) and finding."""
     rows = []
     for a, b, question in PAIRS:
         if a not in data or b not in data:
             continue
-        seeds = sorted(set(data[a]) & set(data[b]))
+        seeds = sorted((set(data[a]) & set(data[b])) - set(left_out))
         diffs = [final(data[a][s]) - final(data[b][s]) for s in seeds]
         rows.append({"a": a, "b": b, "question": question, "seeds": seeds,
                      "mean": statistics.mean(diffs) if diffs and not refused else math.nan,
@@ -125,8 +132,8 @@ def answer(rows: list[dict]) -> str:
 def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
           out_dir: Path, command: str, records_dir: Path) -> list[Path]:
     """<item>.md, .json and .png of one task."""
-    groups, why = provenance(data)
-    rows = compare(data, refused=bool(why))
+    groups, why, bad = provenance(data)
+    rows = compare(data, refused=bool(why), left_out=set(bad))
     arms = [r.label for r in item.runs_on(task) if r.label in data]
     lines = [f"# {item.title}", "", f"Asked: {item.claim}.", "",
              f"Produced by `{command}` from the records in `runs/{task}/{records_dir.name}/` "
@@ -157,6 +164,8 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
     lines += ["", f"**Answer:** {said}.", ""]
     if why:
         lines += [f"**Not paired:** {why}.", ""]
+    for seed, reason in sorted(bad.items()):
+        lines += [f"**Seed {seed} left out of every pair:** {reason}.", ""]
     lines += [f"Code and hosts: {'; '.join(groups)}.", "", f"![{item.name}]({item.name}.png)",
               "", f"*First-error agreement with the checker (x, mean ± sd over seeds) against "
               f"the final accuracy's change over {BASELINE} (y, paired mean and 95 % "
@@ -164,9 +173,10 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js, png = (out_dir / f"{item.name}.{ext}" for ext in ("md", "json", "png"))
     md.write_text("\n".join(lines) + "\n")
-    short = "; ".join(f"{r['a']} vs {r['b']}: {r['finding']}" for r in rows[:3])
-    js.write_text(json.dumps({"verdict": short, "why": said,
-                              "seeds": max((len(v) for v in data.values()), default=0)}) + "\n")
+    most = max((len(v) for v in data.values()), default=0)
+    short = (f"{most} of {item.min_seeds} seeds: " if most < item.min_seeds else "") + "; ".join(
+        f"{r['a']} vs {r['b']}: {r['finding']}" for r in rows[:3])
+    js.write_text(json.dumps({"verdict": short, "why": said, "seeds": most}) + "\n")
     plot([(task, data, rows)], png)
     return [md, js, png]
 
@@ -234,7 +244,8 @@ def probe(ctx: items_lib.ProbeContext) -> list[Path]:
     for task_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
         sub = task_dir / ctx.records_dir.name
         if sub.is_dir() and (d := records(ctx.item, task_dir.name, sub, ctx.seeds)):
-            panels.append((task_dir.name, d, compare(d, refused=bool(provenance(d)[1]))))
+            _, why, bad = provenance(d)
+            panels.append((task_dir.name, d, compare(d, refused=bool(why), left_out=set(bad))))
     combined = ctx.out_dir.parent / f"{ctx.item.name}.png"
     plot(panels, combined)
     return [*files, combined]

@@ -52,8 +52,9 @@ Every verdict follows one rule (`experiments/stats.py`, `experiments/report.py`)
 - **Paired items** (`oracle`, issue 57) train seed s of every arm on one host at one commit,
   back to back, from a clean tree, in records of their own (`runs/<task>/paired/`), and compare
   arms on the per-seed differences: paired t with n − 1 df, its 95 % interval, Holm within the
-  item, and the detectable effect (t₀.₉₇₅ + t₀.₈) · sd(d) / √n. Their pages refuse to pair
-  records of more than one commit or host, or a dirty one, and say which.
+  item, and the detectable effect (t₀.₉₇₅ + t₀.₈) · sd(d) / √n. A seed whose arms differ in
+  commit or host, or come from a dirty tree, is left out of every pair, and seeds of more than
+  one commit are not paired at all; the page says which.
 """
 JUDGED = ("holds", "partly", "does not hold", "not shown")
 

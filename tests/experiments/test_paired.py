@@ -65,21 +65,33 @@ def test_level_oracle_answers_b_and_a_winning_oracle_answers_a(tmp_path):
     assert paired.answer(rows).startswith("(a)")
 
 
-def test_records_of_two_commits_or_hosts_or_a_dirty_tree_are_not_paired(tmp_path):
+def test_a_seed_whose_arms_differ_in_commit_host_or_cleanliness_is_not_paired(tmp_path):
     finals = {"GSPO": GSPO, "oracle, sequence": [x + 0.05 for x in GSPO]}
     _records(tmp_path, finals, odd={("GSPO", 2): {"commit": "deadbeef"}})
     data = paired.records(ITEM, "arith", tmp_path, 8)
-    groups, why = paired.provenance(data)
-    assert len(groups) == 2 and "2 (commit, host) groups" in why
+    groups, why, bad = paired.provenance(data)
+    assert len(groups) == 2 and not why and set(bad) == {2} and "2 (commit, host)" in bad[2]
+    rows = paired.compare(data, refused=False, left_out=set(bad))
+    assert rows[0]["seeds"] == [0, 1, 3]
     out = tmp_path / "out"
     paired.write(ITEM, data, task="arith", out_dir=out, command="cmd", records_dir=tmp_path)
     md = (out / "oracle.md").read_text()
-    assert "**Not paired:**" in md and "refused (provenance)" in md
-    assert "not answered yet" in json.loads((out / "oracle.json").read_text())["why"]
-    _records(tmp_path, finals, odd={("oracle, sequence", 1): {"cpu": "cpu B"}})
-    assert "groups" in paired.provenance(paired.records(ITEM, "arith", tmp_path, 8))[1]
+    assert "**Seed 2 left out of every pair:** its arms ran on 2 (commit, host)" in md
+    assert "| oracle, sequence − GSPO (oracle credit, sequence level) | 3 |" in md
+    # a seed's arms on another host, together: paired (hosts may differ between seeds)
+    _records(tmp_path, finals, odd={(label, 1): {"cpu": "cpu B"} for label in finals})
+    assert paired.provenance(paired.records(ITEM, "arith", tmp_path, 8))[2] == {}
+    # a dirty record: its seed left out
     _records(tmp_path, finals, odd={("oracle, sequence", 1): {"dirty": True}})
-    assert "dirty" in paired.provenance(paired.records(ITEM, "arith", tmp_path, 8))[1]
+    assert "dirty" in paired.provenance(paired.records(ITEM, "arith", tmp_path, 8))[2][1]
+    # whole seeds at another commit: nothing paired, said
+    _records(tmp_path, finals, odd={(label, 3): {"commit": "beef"} for label in finals})
+    data = paired.records(ITEM, "arith", tmp_path, 8)
+    why = paired.provenance(data)[1]
+    assert "2 commits" in why
+    paired.write(ITEM, data, task="arith", out_dir=out, command="cmd", records_dir=tmp_path)
+    assert "refused (provenance)" in (out / "oracle.md").read_text()
+    assert "not answered yet" in json.loads((out / "oracle.json").read_text())["why"]
 
 
 def test_the_page_and_figure_hold_every_arm(tmp_path):
