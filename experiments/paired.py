@@ -160,7 +160,10 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
                      f"{_pts(t.diff)} | [{_pts(t.low)}, {_pts(t.high)}] | "
                      f"{report.fmt_p(t.p)} | {report.fmt_p(r['holm'])} | "
                      f"{'—' if t.mde != t.mde else f'±{100 * t.mde:.1f}'} | {r['finding']} |")
+    most = max((len(v) for v in data.values()), default=0)
     said = answer(rows)
+    if most < item.min_seeds and not said.startswith("not answered"):
+        said = f"so far, at {most} of {item.min_seeds} seeds: {said}"
     lines += ["", f"**Answer:** {said}.", ""]
     if why:
         lines += [f"**Not paired:** {why}.", ""]
@@ -173,7 +176,6 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
     out_dir.mkdir(parents=True, exist_ok=True)
     md, js, png = (out_dir / f"{item.name}.{ext}" for ext in ("md", "json", "png"))
     md.write_text("\n".join(lines) + "\n")
-    most = max((len(v) for v in data.values()), default=0)
     short = (f"{most} of {item.min_seeds} seeds: " if most < item.min_seeds else "") + "; ".join(
         f"{r['a']} vs {r['b']}: {r['finding']}" for r in rows[:3])
     js.write_text(json.dumps({"verdict": short, "why": said, "seeds": most}) + "\n")
