@@ -144,7 +144,8 @@ def test_each_item_runs_on_its_tasks_only(tmp_path, capsys):
                for t in ("arith", "arith_long", "countdown")}
     assert "recipe" in planned["arith"] and "recipe" in planned["arith_long"]
     assert "scale" in planned["arith"] and "scale" not in planned["arith_long"]
-    assert planned["countdown"] == ["table2a", "curves", "variants", "credit", "prefix_credit"]
+    assert planned["countdown"] == ["table2a", "curves", "variants", "credit", "prefix_credit",
+                                    "oracle"]
     with pytest.raises(SystemExit):
         reproduce.main(["scale", "--task", "arith_long", "--report-only", "--out", str(tmp_path)])
     assert "scale: not planned on --task arith_long" in capsys.readouterr().err
@@ -250,7 +251,7 @@ def test_scale_says_what_each_variant_saves_per_step_on_one_host():
 
 
 def test_declarations_build_one_registry_without_cycles():
-    assert list(registry.ITEMS)[-2:] == ["recipe", "scale"]
+    assert list(registry.ITEMS)[-3:] == ["recipe", "scale", "oracle"]
     assert registry.ORDER == tuple(registry.ITEMS)
     assert {r.name for r in items_recipe.SCALE_RUNS} >= {"gspo", "ibpo_gspo"}
     assert run("x", "gspo", **{"train.budget": 1}).name == "gspo__budget=1"
