@@ -108,7 +108,9 @@ def peer_step_units(trainer: loop.Trainer, rollout: credit.Rollout, u: compariso
     response, lengths = (np.asarray(x) for x in (rollout.response, rollout.response_len))
     texts = batching.decode_responses(trainer.tokenizer, response, lengths)
     ids, count = step_labels.canonical_ids(texts, canonical, u.units.shape[1])
-    return np.where((count == np.asarray(u.n_units))[:, None], ids, np.asarray(u.units))
+    units, _ = credit.compared_units(config.IbpoConfig(operator="peer_steps"),
+                                     rollout._replace(step_ids=ids, step_ids_len=count), u)
+    return np.asarray(units)
 
 
 @functools.partial(jax.jit, static_argnames="alignment")

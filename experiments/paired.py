@@ -28,6 +28,7 @@ from pathlib import Path
 from experiments import items as items_lib
 from experiments import report, stats
 from experiments.items_oracle import PAIRS
+from experiments.report_provenance import final_accuracy as final
 
 BASELINE = "GSPO"
 
@@ -69,10 +70,6 @@ def provenance(data: dict[str, dict[int, dict]]) -> tuple[list[str], str, dict[i
     why = (f"the seeds come from {len(commits)} commits ({', '.join(commits)}); the item pairs "
            "seeds of one commit only: retrain the others at one" if len(commits) > 1 else "")
     return listed, why, bad
-
-
-def final(rec: dict) -> float:
-    return [row["eval_accuracy"] for row in rec["rows"] if "eval_accuracy" in row][-1]
 
 
 def run_mean(rec: dict, key: str) -> float | None:

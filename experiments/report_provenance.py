@@ -117,7 +117,8 @@ def _seed(rec: dict) -> str:
     return str((rec.get("config") or {}).get("seed", "?"))
 
 
-def _final(rec: dict) -> float:
+def final_accuracy(rec: dict) -> float:
+    """A run record's last held-out accuracy (its final evaluation)."""
     return [row["eval_accuracy"] for row in rec["rows"] if "eval_accuracy" in row][-1]
 
 
@@ -143,8 +144,8 @@ def host_split(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
             xa, xb = ([r for r in data.get(label, []) if host(r) == g] for label in (a, b))
             seeds = sorted({int(r.get("config", {}).get("seed", -1)) for r in xa + xb})
             commits = sorted({str(r.get("commit", "?"))[:7] for r in xa + xb})
-            t = stats.contrast(terms=[(ka, [_final(r) for r in xa]),
-                                      (kb, [_final(r) for r in xb])])
+            t = stats.contrast(terms=[(ka, [final_accuracy(r) for r in xa]),
+                                      (kb, [final_accuracy(r) for r in xb])])
             sides.append((xa, xb))
             effect = ("—" if t.diff != t.diff else f"{100 * t.diff:+.2f} points" + (
                 "" if t.low != t.low else f" [{100 * t.low:+.2f}, {100 * t.high:+.2f}]"))
@@ -153,10 +154,10 @@ def host_split(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
         line = f"- {c.name}: " + "; ".join(parts)
         if len(sides) == 2:
             (a1, b1), (a2, b2) = sides
-            t = stats.contrast(terms=[(ka, [_final(r) for r in a1]),
-                                      (kb, [_final(r) for r in b1]),
-                                      (-ka, [_final(r) for r in a2]),
-                                      (-kb, [_final(r) for r in b2])])
+            t = stats.contrast(terms=[(ka, [final_accuracy(r) for r in a1]),
+                                      (kb, [final_accuracy(r) for r in b1]),
+                                      (-ka, [final_accuracy(r) for r in a2]),
+                                      (-kb, [final_accuracy(r) for r in b2])])
             if t.p == t.p:
                 line += (f"; the two hosts' effects differ by {100 * t.diff:+.2f} points "
                          f"(Welch p {t.p:.2g})")

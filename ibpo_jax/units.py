@@ -74,7 +74,7 @@ def _hash_steps(tokens, word, step, start_pos, n_slots):
     return _mix32(poly ^ _mix32(count + jnp.uint32(_HASH_SEED)))
 
 
-def _step_budget(n_tokens: int, max_units: int | None, where: str) -> int:
+def step_budget(n_tokens: int, max_units: int | None, where: str) -> int:
     """Unit slots per response: max_units, or (T + 1) // 2, the most steps T tokens hold."""
     n_slots = max(1, (n_tokens + 1) // 2) if max_units is None else int(max_units)
     if n_slots < 1:
@@ -107,7 +107,7 @@ def split_steps(tokens: jax.Array, length: jax.Array, is_delim: jax.Array, *,
     (`response_units` reports such rows as truncated).
     """
     tokens = jnp.asarray(tokens)
-    n_slots = _step_budget(tokens.shape[0], max_units, "split_steps")
+    n_slots = step_budget(tokens.shape[0], max_units, "split_steps")
     units, n_units, _ = _split(tokens, length, is_delim, n_slots)
     return units, n_units
 
@@ -122,7 +122,7 @@ def token_unit_index(tokens: jax.Array, length: jax.Array, is_delim: jax.Array, 
     `length` get -1; tokens of steps beyond max_units (the uncovered tail) get -2.
     """
     tokens = jnp.asarray(tokens)
-    n_slots = _step_budget(tokens.shape[0], max_units, "token_unit_index")
+    n_slots = step_budget(tokens.shape[0], max_units, "token_unit_index")
     _, _, step, _ = _step_structure(tokens, length, is_delim)
     valid = (jnp.arange(tokens.shape[0]) < length) & (step >= 0)
     return jnp.where(valid, jnp.where(step < n_slots, step, -2), -1)
@@ -192,11 +192,11 @@ def response_units(tokens: jax.Array, response_len: jax.Array, ended: jax.Array,
     length = (jnp.asarray(response_len) - jnp.asarray(ended).astype(jnp.int32)).astype(jnp.int32)
     width = tokens.shape[1]
     if granularity == "token":
-        n_slots = width if max_units is None else _step_budget(width, max_units, "response_units")
+        n_slots = width if max_units is None else step_budget(width, max_units, "response_units")
         return _token_granularity(tokens, jnp.maximum(length, 0), n_slots)
     if is_delim is None:
         raise ValueError("response_units: granularity='step' needs the tokenizer's is_delim table")
-    n_slots = _step_budget(width, max_units, "response_units")
+    n_slots = step_budget(width, max_units, "response_units")
     units, n_units, n_steps = jax.vmap(lambda t, n: _split(t, n, is_delim, n_slots))(tokens, length)
     token_unit = jax.vmap(lambda t, n: token_unit_index(t, n, is_delim, max_units=n_slots))(
         tokens, length)

@@ -272,19 +272,19 @@ class Checkpointer:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         propagate, absl_log.propagate = absl_log.propagate, False
         absl_log.addHandler(handler)
-        stderr = sys.stderr
-        with open(path, "a") as sink:
-            sys.stderr = sink
-            try:
-                yield
-            except BaseException:
-                time.sleep(DRAIN_S)  # the failed writes' callbacks, still printing
-                raise
-            finally:
-                sys.stderr = stderr
-                absl_log.removeHandler(handler)
-                absl_log.propagate = propagate
-                handler.close()
+        stderr, sink = sys.stderr, _LazyFile(path)
+        sys.stderr = sink
+        try:
+            yield
+        except BaseException:
+            time.sleep(DRAIN_S)  # the failed writes' callbacks, still printing
+            raise
+        finally:
+            sys.stderr = stderr
+            absl_log.removeHandler(handler)
+            absl_log.propagate = propagate
+            handler.close()
+            sink.close()
 
     def _remove_partial(self, step: int | None = None) -> None:
         """Removes orbax's temporary step directories (of `step`, default every one) from the
@@ -393,6 +393,27 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+class _LazyFile:
+    """A text sink that creates its file on the first write only: a save that succeeds leaves
+    no empty ERRORS_FILE behind."""
+
+    def __init__(self, path: Path):
+        self.path, self._file = path, None
+
+    def write(self, text: str) -> int:
+        if self._file is None:
+            self._file = open(self.path, "a")  # noqa: SIM115 (closed by `close`)
+        return self._file.write(text)
+
+    def flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
 
 class _Damaged(Exception):

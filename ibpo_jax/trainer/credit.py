@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from ibpo_jax import advantages, comparison
+from ibpo_jax.config_sections import IbpoConfig
 from ibpo_jax.registry import ESTIMATORS
 from ibpo_jax.trainer.spec import StepSpec
 
@@ -118,13 +119,12 @@ def checker_truth(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> jax.
     return jnp.where(truth >= 0, before, -1).astype(jnp.int32)
 
 
-def compared_units(spec: StepSpec, rollout: Rollout, u: comparison.Units
+def compared_units(ibpo: IbpoConfig, rollout: Rollout, u: comparison.Units
                    ) -> tuple[jax.Array, jax.Array]:
     """(units [N, U], [N] bool rows that fell back): the units φ compares. "peer_steps" with
     the task's canonical step ids (`Rollout.step_ids`) compares those, except on a row whose
     step count differs from the tokens' (`step_labels`), which keeps its hashed steps."""
-    if (spec.ibpo.operator != "peer_steps" or rollout.step_ids is None
-            or spec.ibpo.granularity != "step"):
+    if ibpo.operator != "peer_steps" or rollout.step_ids is None or ibpo.granularity != "step":
         return u.units, jnp.zeros(u.n_units.shape, bool)
     same = rollout.step_ids_len == u.n_units
     return jnp.where(same[:, None], rollout.step_ids, u.units), ~same
@@ -134,7 +134,7 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     """φ, advantages and the group statistics of Appendix A for one rollout batch."""
     g, ibpo = spec.group_size, spec.ibpo
     u = response_units(spec, rollout, is_delim)
-    units, fallback = compared_units(spec, rollout, u)
+    units, fallback = compared_units(ibpo, rollout, u)
     truth = (groups(checker_truth(spec, rollout, is_delim), g)
              if ibpo.operator in comparison.NEEDS_TRUTH else None)
     phi_out = jax.vmap(lambda units, n, c, t: comparison.compute_phi(

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ibpo_jax import sharding
+from ibpo_jax import comparison, sharding, units
 from ibpo_jax.config_sections import ConfigError, IbpoConfig
 from ibpo_jax.trainer.batching import decode_responses
 
@@ -64,17 +64,18 @@ def label(rollout: Any, got: Any, *, ibpo: IbpoConfig, task: Any, tokenizer: Any
           mesh: Any) -> Any:
     """`rollout` with what the run's operator reads of its rows (unchanged for the others),
     from `got` (`dynamic.Round`: this process's rows, their verifier reports, the samples)."""
-    if ibpo.operator not in ("checker", "peer_steps"):
+    needs_truth = ibpo.operator in comparison.NEEDS_TRUTH
+    if not needs_truth and ibpo.operator != "peer_steps":
         return rollout
     tokens = sharding.local_rows(got.out.tokens)[1]  # the rows `got.rows`, in order
     texts = decode_responses(tokenizer, tokens, got.lengths[got.rows])
     place = lambda x: sharding.rows_array(x, got.rows, len(got.lengths),  # noqa: E731
                                           sharding.batch_sharding(mesh, np.ndim(x)))
-    if ibpo.operator == "checker":
+    if needs_truth:
         return rollout._replace(step_truth=place(truth_steps(texts, got.infos)))
     if task.canonical_step is None or ibpo.granularity != "step":
         return rollout  # the steps as written: the hashed step units themselves
-    slots = ibpo.max_units or max(1, (tokens.shape[1] + 1) // 2)  # `units.response_units`'
+    slots = units.step_budget(tokens.shape[1], ibpo.max_units or None, "step_labels")
     ids, count = canonical_ids(texts, task.canonical_step, slots)
     return rollout._replace(step_ids=place(ids), step_ids_len=place(count))
 

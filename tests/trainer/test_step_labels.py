@@ -63,12 +63,11 @@ def test_compared_units_fall_back_where_the_step_counts_differ():
                  step_ids=jnp.array([[7, 8], [9, 9]], jnp.int32),
                  step_ids_len=jnp.array([2, 2], jnp.int32))  # row 1 has one step, not two
     u = comparison.response_units(r.response, r.response_len, r.ended, is_delim)
-    spec = types.SimpleNamespace(ibpo=IbpoConfig(operator="peer_steps"))
-    units, fallback = credit.compared_units(spec, r, u)
+    units, fallback = credit.compared_units(IbpoConfig(operator="peer_steps"), r, u)
     np.testing.assert_array_equal(units[0], [7, 8])
     np.testing.assert_array_equal(units[1], u.units[1])
     np.testing.assert_array_equal(fallback, [False, True])
-    other = types.SimpleNamespace(ibpo=IbpoConfig(operator="lcs_first_error"))
+    other = IbpoConfig(operator="lcs_first_error")
     np.testing.assert_array_equal(credit.compared_units(other, r, u)[0], u.units)
 
 
