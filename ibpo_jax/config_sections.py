@@ -450,6 +450,10 @@ class TrainLoopConfig(_Section):
     """Start jax.distributed (multi-host): "auto" when the environment launched several
     processes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES, an srun of several tasks, Open
     MPI, a multi-host TPU slice: sharding.multiprocess_launch), "true" or "false"."""
+    heartbeat_s: int = 60
+    """Multi-process runs: seconds without a process's heartbeat before the others give it up
+    (jax.distributed's heartbeat timeout); each then exits 4 with one line naming it, the last
+    checkpoint and the command that resumes (trainer/supervisor.py)."""
     progress: bool = True
     """Show a progress bar."""
     allow_config_change: bool = False
@@ -464,7 +468,8 @@ class TrainLoopConfig(_Section):
         super().__post_init__()
 
     def check(self):
-        self._positive("steps", "eval_every", "checkpoint_every", "keep_checkpoints")
+        self._positive("steps", "eval_every", "checkpoint_every", "keep_checkpoints",
+                       "heartbeat_s")
         self._nonneg("budget")
         self._one_of("distributed", ("auto", "true", "false"))
 

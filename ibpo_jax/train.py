@@ -6,15 +6,18 @@ started from nothing); a ``qwen3_*_math`` preset plus ``--config.model.checkpoin
 ``--config.task.path=/data.jsonl`` runs the paper's setting. A workdir that holds checkpoints is
 resumed from the latest. SIGINT / SIGTERM (Ctrl-C, a scheduler's preemption) finish the
 current step, checkpoint it and exit with code 3 (`cli.EXIT_STOPPED`) and one line giving the
-command that resumes; a second signal exits at once. The loop itself lives in
-``ibpo_jax.trainer.loop``.
+command that resumes; a second signal exits at once. A multi-process run that loses a process
+ends every other one within ``train.heartbeat_s`` with one line and exit code 4
+(``ibpo_jax.trainer.supervisor``). The loop itself lives in ``ibpo_jax.trainer.loop``.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import traceback
 
 from ibpo_jax import cli, config
 
@@ -47,24 +50,41 @@ def main(argv: list[str]) -> int:
         print("\n".join(config_docs.lines(cfg)))
         return 0
     from ibpo_jax import hostmem, sharding
-    from ibpo_jax.trainer import workdir
+    from ibpo_jax.trainer import supervisor, workdir
 
-    if not sharding.distributed_requested(cfg.train.distributed):
+    multi = sharding.distributed_requested(cfg.train.distributed)
+    if not multi:
         # A probe: a busy workdir is refused in a second (loop.run holds the lock for the run;
         # a multi-process run's lock is process 0's, known only once jax.distributed is up).
         workdir.RunLock(args.workdir).acquire().release()
+    elif supervisor.ENV not in os.environ:  # the watchman of a lost peer (its docstring)
+        return supervisor.supervise(argv, workdir=args.workdir,
+                                    heartbeat_s=cfg.train.heartbeat_s,
+                                    resume=resume_command(argv, args.workdir))
+    else:
+        supervisor.keep_runtime_output(os.environ[supervisor.ENV])
     hostmem.reuse_freed_memory()  # CPU runs only; before jax starts its threads
     from ibpo_jax.trainer import loop
 
     # Multi-host: the coordinator comes from the cluster environment ("auto": when there is
     # one; a single process needs no override).
-    sharding.initialize_distributed(cfg.train.distributed)
+    if sharding.initialize_distributed(cfg.train.distributed,
+                                       heartbeat_timeout_seconds=cfg.train.heartbeat_s):
+        import jax
+
+        supervisor.note_process(jax.process_index(), jax.process_count())
     try:
         loop.run(cfg, workdir=args.workdir)
     except workdir.RunStopped as stopped:
         print(f"{stopped}; resume with: {resume_command(argv, args.workdir)}", file=sys.stderr,
               flush=True)
         return cli.EXIT_STOPPED
+    except Exception as error:  # a collective that failed with its peer: the watchman says so
+        if not (multi and supervisor.peer_failure(error)):
+            raise
+        with os.fdopen(os.dup(2), "w") as log:  # fd 2: the runtime's log
+            traceback.print_exc(file=log)
+        supervisor.await_verdict(cfg.train.heartbeat_s)
     return 0
 
 

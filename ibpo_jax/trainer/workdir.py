@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -41,7 +42,7 @@ HISTORY_FILE = "config_history.jsonl"
 # Keys that say where or how a run executes, not what it trains: free to change on resume.
 # (mesh: sharded reductions differ by float rounding only, tests/trainer/test_loop.py.)
 OPERATIONAL_KEYS = frozenset({
-    "train.progress", "train.distributed", "train.allow_config_change", "task.data_dir",
+    "train.progress", "train.distributed", "train.heartbeat_s", "train.allow_config_change", "task.data_dir",
     "warm_start.cache_dir", "warm_start.search_path", "reward.num_workers", "mesh.data",
     "mesh.fsdp", "mesh.tensor", "logging.backends", "logging.samples",
     # Extending or re-pacing a run: when it stops, evaluates and checkpoints, not what a step
@@ -101,11 +102,12 @@ class StopRequest:
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         if self.signum is not None:  # os.write: safe inside a handler, unlike print
-            os.write(2, f"\n{name} again: exiting now (the last checkpoint stands)\n".encode())
+            os.write(_stderr_fd(),
+                     f"\n{name} again: exiting now (the last checkpoint stands)\n".encode())
             os._exit(128 + signum)
         self.signum = signum
-        os.write(2, f"\n{name}: finishing this step, then a checkpoint and a stop (send it "
-                    "again to exit at once)\n".encode())
+        os.write(_stderr_fd(), f"\n{name}: finishing this step, then a checkpoint and a stop "
+                               "(send it again to exit at once)\n".encode())
 
     def requested(self) -> bool:
         """Whether to stop after this step; every process agrees (a collective when there are
@@ -122,6 +124,15 @@ class StopRequest:
         if flag and self.signum is None:
             self.signum = int(flag)
         return bool(flag)
+
+
+def _stderr_fd() -> int:
+    """sys.stderr's file descriptor: the terminal, also where fd 2 goes to a log
+    (trainer/supervisor.py); 2 where sys.stderr has none (a test's capture)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return 2
 
 
 class RunLock:

@@ -4,6 +4,7 @@ SIGKILL, and a (2, 2, 2) mesh of 8 fake CPU devices against one device."""
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -226,30 +227,62 @@ def test_a_run_writes_eval_samples_grouped_tags_and_a_plot(uninterrupted_dir, un
     assert out.read_bytes().startswith(b"\x89PNG")
 
 
-def test_two_processes_stopped_on_one_resume_and_match_one_device(uninterrupted,
-                                                                  uninterrupted_dir, data_dir,
-                                                                  tmp_path):
+def _wait_for_step(metrics, step, *, since=0.0, timeout=600):
+    """Until metrics.jsonl, written after `since`, logs a row of `step` or later."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (metrics.exists() and metrics.stat().st_mtime > since
+                and any(r["step"] >= step for r in read_metrics(metrics))):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} logged in {timeout} s")
+
+
+def test_two_processes_lost_one_stopped_on_one_resume_and_match_one_device(
+        uninterrupted, uninterrupted_dir, data_dir, tmp_path):
     """Multi-host on one machine: two processes (jax.distributed, 2 CPU devices each, a data
     mesh over all 4) each score only the rows their devices hold and a share of the eval rows,
     write one run together (metrics from process 0, checkpoints from both) and match the
-    one-device run. Issue 60's preemption of one host of several on the way: SIGTERM to
-    process 1 alone; both finish the step, one checkpoint is written, both exit 3 naming it;
-    the rerun of both resumes there."""
-    cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1")
-    procs = start_two_processes(cmd[3:])  # the arguments after `python -m ibpo_jax.train`
-    metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 600
-    while time.time() < deadline and not any(r["step"] >= 2 for r in read_metrics(metrics)):
-        time.sleep(0.05)
+    one-device run, through issue 60's two faults:
+    - a lost host: process 1 killed (SIGKILL to its watchman, its trainer with it) after
+      step 3; process 0 ends within train.heartbeat_s with one line naming process 1, the last
+      checkpoint and the resume command, exit 4, no C++ stack on the terminal (it is in the
+      runtime's log), no temporary checkpoint left;
+    - preemption of one host of several: SIGTERM to process 1 alone; both finish the step,
+      one checkpoint is written, both exit 3 naming it;
+    and the rerun of both resumes each time."""
+    cmd, _ = _train_cmd(tmp_path, data_dir, 2, "--config.mesh.data=-1",
+                        "--config.train.heartbeat_s=10")
+    args, metrics = cmd[3:], tmp_path / "metrics.jsonl"  # after `python -m ibpo_jax.train`
+    procs = start_two_processes(args)
+    _wait_for_step(metrics, 3)
+    procs[1].kill()
+    killed = time.time()
+    out = procs[0].communicate(timeout=300)[0]
+    assert procs[0].returncode == 4 and time.time() - killed < 10 + 30, out[-2000:]
+    lost = [x for x in out.splitlines() if x.startswith("error:")]
+    assert len(lost) == 1 and lost[0].startswith("error: lost process 1 of 2: no heartbeat "
+                                                 "within train.heartbeat_s=10 s"), out[-2000:]
+    assert f"last complete checkpoint {tmp_path / 'checkpoints'}/2;" in lost[0]
+    assert f"resume with: {shlex.join([*cmd, '--config.train.distributed=true'])}" in lost[0] and "(every process)" in lost[0]
+    assert "stack trace" not in out and "@ 0x" not in out and "[Gloo]" not in out
+    assert "stopped sending heartbeats" in (tmp_path / "runtime_0.log").read_text()
+    assert not list((tmp_path / "checkpoints").glob("*tmp*"))
+
+    rerun = time.time()
+    procs = start_two_processes(args)
+    _wait_for_step(metrics, 3, since=rerun)
     procs[1].send_signal(signal.SIGTERM)
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [3, 3], outs[0][-2000:] + outs[1][-2000:]
+    assert f"resumed from {tmp_path / 'checkpoints'}/2" in outs[0]
     stopped = [next(x for x in out.splitlines() if x.startswith("stopped by SIGTERM after"))
                for out in outs]
     assert stopped[0].split(";")[0] == stopped[1].split(";")[0]  # the same step, one checkpoint
     step = int(stopped[0].split("after step ")[1].split()[0])
-    assert 2 <= step < 6 and (tmp_path / "checkpoints" / str(step)).is_dir()
+    assert 3 <= step < 6 and (tmp_path / "checkpoints" / str(step)).is_dir()
     assert not list((tmp_path / "checkpoints").glob("*tmp*"))
-    train_in_two_processes(cmd[3:])
+    train_in_two_processes(args)
     _assert_same_run(read_metrics(metrics), uninterrupted)
     _assert_same_records(tmp_path, uninterrupted_dir)  # the checker's reports of both
     assert (tmp_path / "hf_final" / "config.json").exists()
