@@ -95,3 +95,20 @@ def reuse_freed_memory() -> bool:
         return False
     return all(libc.mallopt(param, value) == 1
                for param, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+
+
+def return_freed_memory() -> bool:
+    """Gives the C library's free heap memory back to the system (glibc's malloc_trim over
+    every arena); True where it ran. For after a checkpoint on the CPU backend: orbax copies
+    the train state to host buffers, and under `reuse_freed_memory`'s settings what is freed
+    stays with the process; without a trim the resident set grew by about half the state at
+    every checkpoint (experiments/benchmarks/host_memory.py, RESULTS.md)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    libc.malloc_trim(0)
+    return True
+

@@ -117,3 +117,37 @@ def test_no_module_imports_jax_private_modules_outside_the_cpu_check():
              for path in sorted((ROOT / "ibpo_jax").rglob("*.py"))
              for where, module in _private_jax_imports(ast.parse(path.read_text()))}
     assert found == {("ibpo_jax/hostmem.py", "_backend_started", "jax._src")}
+
+
+def test_a_trim_gives_freed_heap_memory_back_to_the_system():
+    """What a checkpoint on the CPU backend does after orbax's host copy (hostmem docstring):
+    heap memory freed under reuse_freed_memory's settings stays resident (that is their
+    point) until trimmed, then leaves the process's resident set."""
+    import subprocess
+    import sys
+
+    script = '''
+import ctypes
+from ibpo_jax import hostmem
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.mallopt(-4, 0); libc.mallopt(-1, 2**31 - 1)  # reuse_freed_memory's malloc settings
+
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+
+def churn():  # 256 MiB in 1 MiB blocks, written, then freed
+    blocks = [libc.malloc(1 << 20) for _ in range(256)]
+    for b in blocks:
+        ctypes.memset(b, 1, 1 << 20)
+    for b in blocks:
+        libc.free(b)
+
+churn()
+held = rss()
+assert hostmem.return_freed_memory()
+print(held - rss())
+'''
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True)
+    assert int(out.stdout) > 200 * 1024  # KiB: most of the 256 MiB given back

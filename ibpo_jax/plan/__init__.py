@@ -18,6 +18,8 @@ import dataclasses
 import os
 from typing import Any
 
+from ibpo_jax.trainer.errors import RunError
+
 GIB = 2 ** 30
 FAR = 2.0  # compiled vs DESIGN §9 figures further apart than this factor are printed
 # Programs that take the sampler's bf16 weight copy: XLA:CPU converts it to float32 for its
@@ -164,6 +166,59 @@ def trainer_microbatches(cfg: Any, mesh: Any, *, log=None) -> int:
     return resolve_microbatches(cfg, mesh, capacity, target=target, log=log)
 
 
+class HostMemoryError(RunError):
+    """A CPU run whose plan does not fit the host's available memory (one line, the knob)."""
+
+
+def startup_microbatches(cfg: Any, mesh: Any, *, log=None) -> int:
+    """What the trainer calls before it loads anything: optim.microbatches resolved
+    (`trainer_microbatches`) and, on the CPU backend, the run's memory checked against the
+    host's (`check_host_memory`)."""
+    mb = trainer_microbatches(cfg, mesh, log=log)
+    check_host_memory(cfg, mesh, mb)
+    return mb
+
+
+def check_host_memory(cfg: Any, mesh: Any, microbatches: int) -> None:
+    """Raises HostMemoryError when a CPU run will not fit the memory the host has available:
+    on the CPU backend device memory is the host's, so the update's compiled peak per device
+    times this process's devices, plus a checkpoint's host copy of the train state (orbax
+    copies params and Adam moments to host buffers while the step's memory stays held:
+    experiments/benchmarks/host_memory.py), must fit `MemAvailable`. Cheap for small runs:
+    DESIGN §9's estimate under a quarter of it settles it without compiling. A config the
+    plan cannot model (a tiny model on another task's tokenizer) is not checked."""
+    import jax
+
+    from ibpo_jax.plan import flops as flops_lib
+    from ibpo_jax.plan import programs
+
+    if mesh.devices.flat[0].platform != "cpu":
+        return
+    try:
+        config, options, _ = programs.model_of(cfg, "cpu")
+    except ValueError:
+        return
+    local, available = jax.local_device_count(), host_capacity(1)
+    est = _analytic(cfg, config, options, mesh, microbatches, flops_lib)
+    if (est.update_peak + est.kv_cache + est.master + est.adam) * local <= available / 4:
+        return
+    s = programs.setup(cfg, mesh, microbatches, "cpu")
+    update = programs.compile_update(s, programs.compile_credit(s, force=True)[1], force=True)
+    peak = _device_peak(update[0], sum(s.resident.values()))
+    copy = s.resident["params"] + s.resident["adam"]
+    need = (peak + copy) * local
+    if need <= available:
+        return
+    m, _, _ = _search_update(cfg, mesh, available // local - copy, microbatches + 1)
+    fix = (f"set --config.optim.microbatches={m} (or more)" if m is not None else
+           "train LoRA adapters (--config.model.lora.rank), or on a host with more memory")
+    raise HostMemoryError(
+        f"this run needs about {need / GIB:.1f} GiB of host memory, {available / GIB:.1f} GiB "
+        f"are available: the update's peak {peak / GIB:.2f} GiB per device x {local} "
+        f"device(s) (optim.microbatches={microbatches}) and a checkpoint's host copy of the "
+        f"train state, {copy / GIB:.2f} GiB per device; {fix}")
+
+
 def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
               flops_lib: Any) -> Any:
     import numpy as np
@@ -289,12 +344,16 @@ def notes(s: Any) -> list[str]:
 
     ref = {a.dtype.name for a in jax.tree.leaves(s.reference)}
     lora = s.options.lora_rank
+    state = s.resident["params"] + s.resident["adam"]
     out = [f"LoRA rank {lora}: the state is the adapters and their Adam moments; the reference "
            f"is the frozen base itself ({'/'.join(sorted(ref))}), no copy" if lora else
            f"reference model: {'/'.join(sorted(ref))} leaves, as the trainer holds it "
            "(trainer.state.frozen_reference: matrices in the compute dtype)",
            "sampling copy: the sampler's compute-dtype weights (sampling.compute_weights), "
-           "made per rollout; an argument of prefill and decode, counted there"]
+           "made per rollout; an argument of prefill and decode, counted there",
+           f"host memory: a checkpoint copies the train state, {state / GIB:.2f} GiB per "
+           "device, to the host while it saves (a CPU run's device memory: the trainer adds "
+           "it to the update's peak and refuses a run that does not fit, check_host_memory)"]
     if jax.default_backend() == "cpu":
         out.append("compiled by XLA:CPU on simulated devices: its temporaries may hold "
                    "float32 upcasts of bfloat16 values that a GPU/TPU compile would not "

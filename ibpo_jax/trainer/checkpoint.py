@@ -42,7 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ibpo_jax import sharding
+from ibpo_jax import hostmem, sharding
 from ibpo_jax.trainer.errors import RunError
 
 _SHOWN = 3  # mismatched leaves named in an error
@@ -218,6 +218,9 @@ class Checkpointer:
         except Exception as e:
             self._remove_partial(step)
             raise CheckpointSaveError(self._failed(step, need, _reason(e))) from None
+        finally:
+            if jax.default_backend() == "cpu":  # the host copy's memory, back to the system
+                hostmem.return_freed_memory()
 
     def bytes_needed(self, state: Any, arrays: dict[str, np.ndarray] | None = None
                      ) -> tuple[int, bool]:

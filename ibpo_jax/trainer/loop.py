@@ -117,6 +117,9 @@ class Trainer:
         """The base policy and its frozen reference, the step's spec and optimizer, and the
         train state on the mesh."""
         cfg = self.cfg
+        from ibpo_jax import plan  # "auto" resolved, and a CPU run's memory checked, first
+
+        mb = plan.startup_microbatches(cfg, self.mesh, log=self.say)
         self.base = policy.load_base(cfg, task=self.task, tokenizer=self.tokenizer,
                                      mesh=self.mesh, log=self.say)
         if self.is_main:  # which base this run's numbers are relative to (README, records)
@@ -125,9 +128,6 @@ class Trainer:
                 policy.base_identity(cfg, self.tokenizer.vocab_size)) + "\n")
         self.spec = step.StepSpec.from_config(cfg, self.base.config, self.base.options)
         if cfg.optim.microbatches == "auto":  # the smallest count whose update fits
-            from ibpo_jax import plan
-
-            mb = plan.trainer_microbatches(cfg, self.mesh, log=self.say)
             self.say(f"optim.microbatches=auto -> {mb}")
             self.spec = self.spec.with_optim(microbatches=mb)
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches

@@ -130,3 +130,27 @@ def test_cli_one_line_errors():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_cpu_run_that_will_not_fit_the_host_is_refused_naming_the_figures(monkeypatch):
+    """issue 59 item 5: on the CPU backend the update's compiled peak per device plus a
+    checkpoint's host copy of the train state must fit the memory available; the smoke run
+    fits a real host (DESIGN §9's estimate settles it without compiling), and is refused on a
+    host of 1 MiB with one line giving both figures and what to change."""
+    from ibpo_jax import plan, sharding
+
+    cfg = config.load("configs/ibpo_gspo.py:smoke")
+    mesh = sharding.make_mesh(data=-1, devices=jax.devices()[:1])
+    assert plan.startup_microbatches(cfg, mesh) == cfg.optim.microbatches
+    monkeypatch.setattr(plan, "host_capacity", lambda devices: 2 ** 20)
+    with pytest.raises(plan.HostMemoryError) as refused:
+        plan.startup_microbatches(cfg, mesh)
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("this run needs about ")
+    assert "0.0 GiB are available: the update's peak " in line
+    assert "(optim.microbatches=1) and a checkpoint's host copy of the train state" in line
+    assert line.endswith("train LoRA adapters (--config.model.lora.rank), or on a host with "
+                         "more memory")
+    from ibpo_jax import cli
+
+    assert isinstance(refused.value, cli.user_errors())  # one line from the entry points
