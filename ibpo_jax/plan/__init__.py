@@ -241,7 +241,7 @@ def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
 
 
 def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
-              only: tuple[str, ...] | None = None) -> dict:
+              only: tuple[str, ...] | None = None, lengths: str = "paper") -> dict:
     """The plan of one RL step of `cfg` on `devices` chips called `hardware` (chips.chip):
     {fits, hbm_bytes_per_device, peak_bytes_per_device, programs (name -> device peak
     bytes), flops_per_step, predicted_step_s, devices, hardware, attention, ...; and, when it
@@ -249,7 +249,9 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     PlanError (one line) for hardware, devices or mesh it cannot use. `only`: compile just
     these programs (e.g. ("update", "decode"), for tests) and those whose outputs they take
     (`programs.FEEDS`: the shardings of their inputs), with the same figures as the full
-    plan; the others count FLOPs only."""
+    plan; the others count FLOPs only. `lengths` ("paper", "metrics:PATH" or "max"): the
+    response lengths the step time is also given for (`lengths.step_times`; "max": the worst
+    case only)."""
     from ibpo_jax import chips
     from ibpo_jax.plan import programs
 
@@ -257,12 +259,19 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
         chip = chips.chip(hardware)
     except chips.UnknownChipError as e:
         raise PlanError(str(e)) from None
+    from ibpo_jax.plan import lengths as lengths_lib
+
+    observed = None if lengths == "max" else lengths_lib.load(lengths, cfg)  # before compiling
     mesh = _mesh(cfg, devices)
     programs.LOG, programs.ONLY = log, programs.compiled_names(only)
     try:
-        return _plan(cfg, chip, mesh, only, log)
+        out = _plan(cfg, chip, mesh, only, log)
     finally:  # module state: a later search (the trainer's "auto") compiles everything
         programs.LOG, programs.ONLY = None, None
+    if observed is not None:
+        out["lengths"] = lengths_lib.step_times(lengths, observed, cfg, *out["decode_roofline"],
+                                                out["predicted_step_s"])
+    return out
 
 
 def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> dict:
@@ -303,6 +312,8 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
         "resident_bytes_per_device": {**resident, "sampling_copy": s.sampling_copy,
                                       "kv_cache_full": kv_full},
         "flops_per_step": f_total, "predicted_step_s": t_total,
+        "decode_roofline": next((r["roofline_s_per_run"], r["runs"]) for r in rows
+                                if r["name"] == "decode"),  # (s per step, steps): every row
         "peak_bytes_per_device_without_cpu_weight_upcast": max(
             r["device_peak"] - r["cpu_weight_upcast_estimate"] for r in table),
         "analytic": dataclasses.asdict(est) | {"update_peak": est.update_peak},

@@ -31,6 +31,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                    "(e.g. update,decode: quicker checks, same figures as the full plan; also "
                    "compiled: the programs whose outputs they take, the sampler's weight copy "
                    "and φ; the others count FLOPs only)")
+    p.add_argument("--lengths", default="paper", help="response lengths the step time is "
+                   "also given for: paper (a stated mix of short right and long wrong answers, "
+                   "plan/lengths.py), metrics:PATH (a run's metrics.jsonl) or max (the worst "
+                   "case only)")
     p.add_argument("--verbose", action="store_true", help="log each compile to stderr")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p.parse_known_args(argv)
@@ -87,9 +91,29 @@ def table(out: dict) -> str:
                  f"{g(a['master'])}, Adam {g(a['adam'])}, grads {g(a['grads'])}, reference "
                  f"{g(a['reference'])}, activations {g(a['activations'])}), KV cache "
                  f"{g(a['kv_cache'])} GiB, FLOPs {_human(a['flops'])}")
+    lines += _lengths_lines(out.get("lengths"))
     lines += [f"disagrees with DESIGN §9: {d}" for d in out["disagreements"]]
     lines += [f"note: {n}" for n in out["notes"]]
     return "\n".join(lines)
+
+
+def _lengths_lines(lengths: dict | None) -> list[str]:
+    """The step under a response-length distribution: decode steps, wasted slot-steps and
+    step time for the sampler today, with refill and with partial rollouts."""
+    if not lengths:
+        return []
+    lines = [f"responses: {lengths['source']}: mean {lengths['mean_length']:.0f} tokens, "
+             f"{lengths['at_limit']:.0%} at the limit; {lengths['slots']} decode slots; worst "
+             f"case (every row to the limit) {lengths['worst_case_decode_steps']:g} decode steps",
+             "| sampler | decode steps | wasted slot-steps | step time (roofline) s |",
+             "|---|---|---|---|"]
+    names = {"today": "today (calls until their longest row)", "refill": "refill (slots "
+             "refilled; not built yet)", "partial": "refill + partial rollouts (not built yet)"}
+    for key, c in lengths["schedules"].items():
+        lines.append(f"| {names[key]} | {c['decode_steps']:.0f} | "
+                     f"{c['wasted_slot_steps'] / max(c['slot_steps'], 1):.0%} | "
+                     f"{c['step_s']:.1f} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if args.verbose else None
     try:
         out = plan.plan_json(cfg, args.hardware, devices, log=log,
-                             only=tuple(args.only.split(",")) if args.only else None)
+                             only=tuple(args.only.split(",")) if args.only else None,
+                             lengths=args.lengths)
     except (plan.PlanError, ValueError) as e:
         if args.debug:
             raise

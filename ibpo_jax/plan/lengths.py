@@ -1,0 +1,202 @@
+"""How many decode steps a rollout takes when responses end early (issue 59, item 4).
+
+The plan's decode row is the worst case: every row runs to `max_new_tokens`. Real lengths
+spread widely (a wrong answer often runs to the limit, a right one stops early), and what a
+step costs then depends on how the sampler schedules its slots. Given the lengths of one
+step's B x G responses, `schedules` counts, for `slots` decode slots (the rows of one sampler
+call, `sample_chunk` x G):
+
+- ``today``: the sampler as it is: the rows in calls of `slots`, each call decoding until its
+  longest row ends (compaction shrinks the rows read, not the steps: `kv_cache.row_steps`);
+- ``refill``: every slot busy: a row that ends hands its slot to the next waiting row (list
+  scheduling in queue order), so the step takes about total tokens / slots steps;
+- ``partial``: refill, and the step ends once B x G responses are finished; rows still
+  decoding carry over into the next step (partial rollouts): the mean over a run in steady
+  state (`PARTIAL_STEPS` steps, the first left out).
+
+A slot-step is one slot for one decode step; the wasted ones decode no token of any response
+(a finished row's slot while its call runs on). Lengths come from `paper_mix` (stated below) or
+`from_metrics` (a run's `metrics.jsonl`); decode time is decode steps times the plan's roofline
+time of one decode step with every slot busy (decode is bound by reading the weights).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PARTIAL_STEPS = 9  # steps simulated for partial rollouts (the first, a cold start, left out)
+# The paper-like default: what fraction of responses is right, and the length quantiles of each
+# kind as fractions of max_new_tokens (a log-normal between them: `_lognormal_quantiles`).
+PAPER_ACCURACY = 0.4
+PAPER_RIGHT = (0.08, 0.35)  # right answers: median 8 % of the limit, 95th percentile 35 %
+PAPER_WRONG_TRUNCATED = 0.5  # half the wrong ones run to the limit (no final answer)
+PAPER_WRONG = (0.25, 0.9)  # the other wrong ones: median 25 %, 95th percentile 90 %
+
+
+def _lognormal_quantiles(n: int, median: float, p95: float) -> np.ndarray:
+    """n evenly spaced quantiles ((i + 0.5) / n) of the log-normal with this median and 95th
+    percentile: a deterministic sample, no random draw."""
+    from statistics import NormalDist
+
+    sigma = np.log(p95 / median) / NormalDist().inv_cdf(0.95)
+    z = np.array([NormalDist().inv_cdf((i + 0.5) / n) for i in range(n)])
+    return median * np.exp(sigma * z)
+
+
+def _interleave(parts: list[np.ndarray], rows: int) -> np.ndarray:
+    """The parts' lengths spread through the rows in a fixed shuffled order (seed 0), as a
+    step's groups mix right and wrong answers."""
+    out = np.concatenate(parts)[:rows]
+    return out[np.random.default_rng(0).permutation(len(out))]
+
+
+def paper_mix(rows: int, max_new_tokens: int) -> np.ndarray:
+    """[rows] response lengths of the paper-like default: `PAPER_ACCURACY` of the responses
+    right, log-normal around 8 % of the limit; of the wrong ones `PAPER_WRONG_TRUNCATED` at the
+    limit, the others log-normal around 25 %. An assumption in the shape of long-reasoning RL
+    runs (short right answers, long or unfinished wrong ones), not a measurement."""
+    right = round(rows * PAPER_ACCURACY)
+    cut = round((rows - right) * PAPER_WRONG_TRUNCATED)
+    other = rows - right - cut
+    n = max_new_tokens
+    ended = [_lognormal_quantiles(right, *(f * n for f in PAPER_RIGHT)),
+             _lognormal_quantiles(other, *(f * n for f in PAPER_WRONG))]
+    ended = [np.clip(np.round(p), 1, n - 1).astype(int) for p in ended]  # they end early
+    return _interleave([ended[0], np.full(cut, n), ended[1]], rows)
+
+
+def from_metrics(path: str | Path, rows: int, max_new_tokens: int, last: int = 10
+                 ) -> np.ndarray:
+    """[rows] lengths matching a run's `metrics.jsonl` (mean of its last `last` rows): a
+    fraction `frac_truncated` at the limit, the others exponential with the mean that leaves
+    `response_len_mean` overall. Raises ValueError naming the file when it has neither."""
+    logged = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    logged = [r for r in logged if "response_len_mean" in r and "frac_truncated" in r][-last:]
+    if not logged:
+        raise ValueError(f"{path}: no row with response_len_mean and frac_truncated")
+    n = max_new_tokens
+    mean = float(np.mean([r["response_len_mean"] for r in logged]))
+    cut_frac = float(np.mean([r["frac_truncated"] for r in logged]))
+    cut = round(rows * cut_frac)
+    rest = max((mean - cut_frac * n) / max(1 - cut_frac, 1e-9), 1.0)
+    q = (np.arange(rows - cut) + 0.5) / max(rows - cut, 1)
+    others = np.clip(np.round(-rest * np.log1p(-q)), 1, n - 1).astype(int)
+    return _interleave([np.full(cut, n), others], rows)
+
+
+def _refill(queue: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """List scheduling: (start step, end step) of each queued row when a free slot takes the
+    next row at once."""
+    free = [0] * min(slots, len(queue))
+    start = np.zeros(len(queue), int)
+    for i, length in enumerate(queue):
+        start[i] = heapq.heappop(free)
+        heapq.heappush(free, start[i] + int(length))
+    return start, start + queue
+
+
+def today(lengths: np.ndarray, slots: int, max_new_tokens: int, compact: bool) -> dict:
+    """The sampler as it is: calls of `slots` rows, each until its longest row ends."""
+    from ibpo_jax import sampling
+    from ibpo_jax.models import kv_cache
+
+    steps = row_steps = 0
+    for i in range(0, len(lengths), slots):  # prefill's token, then the decode loop's steps
+        call = lengths[i:i + slots]
+        rs, st = kv_cache.row_steps(call, max_new_tokens, compact=compact,
+                                    every=sampling.COMPACT_EVERY, ended=call < max_new_tokens)
+        steps += st + 1
+        row_steps += len(call) + (rs if compact else len(call) * st)
+    return _counts(steps, slots, row_steps, int(lengths.sum()))
+
+
+def refill(lengths: np.ndarray, slots: int) -> dict:
+    """Every slot busy within the step (rows queued in order)."""
+    _, end = _refill(lengths, slots)
+    tokens = int(lengths.sum())
+    return _counts(int(end.max(initial=0)), slots, tokens, tokens)
+
+
+def partial(lengths: np.ndarray, slots: int, steps: int = PARTIAL_STEPS) -> dict:
+    """Refill with partial rollouts: slots take the rows carried over first, then fresh rows
+    of these lengths as long as the step runs (the next prompts start early), and the step
+    ends once len(lengths) responses are finished; rows still decoding carry over, fresh rows
+    not yet started wait for the next step. Mean per step over steps 2..`steps`."""
+    batch, carried, per_step = len(lengths), np.zeros(0, int), []
+    for _ in range(steps):
+        queue = np.concatenate([carried, lengths, lengths])  # more than the step can start
+        start, end = _refill(queue, slots)
+        stop = int(np.sort(end)[batch - 1])  # the step's batch is full
+        running = (start < stop) & (end > stop)
+        old = np.arange(len(queue)) < len(carried)
+        carried = np.concatenate([end[running] - stop, queue[old & (start >= stop)]])
+        busy = int(np.minimum(end, stop).sum() - np.minimum(start, stop).sum())
+        per_step.append((stop, busy))
+    stops, busy = np.array(per_step[1:]).T
+    return _counts(float(stops.mean()), slots, float(busy.mean()), float(busy.mean()))
+
+
+def _counts(steps: float, slots: int, row_steps: float, tokens: float) -> dict:
+    """Decode steps, slot-steps (steps x slots), row-steps run (compute spent), tokens
+    decoded, and the wasted slot-steps: those that decode no token."""
+    slot_steps = steps * slots
+    return {"decode_steps": steps, "slot_steps": slot_steps, "row_steps": row_steps,
+            "tokens": tokens, "wasted_slot_steps": slot_steps - tokens}
+
+
+def schedules(lengths: Any, slots: int, max_new_tokens: int, *, compact: bool) -> dict:
+    """{today, refill, partial} counts (module docstring) for one step's `lengths` [B*G]."""
+    lengths = np.asarray(lengths, int)
+    return {"today": today(lengths, slots, max_new_tokens, compact),
+            "refill": refill(lengths, slots), "partial": partial(lengths, slots)}
+
+
+def describe(source: str) -> str:
+    """The words for a `--lengths` source in the plan's output."""
+    if source == "paper":
+        return (f"paper-like mix ({PAPER_ACCURACY:.0%} right, median {PAPER_RIGHT[0]:.0%} of "
+                f"the limit; of the wrong, {PAPER_WRONG_TRUNCATED:.0%} at the limit, the others "
+                f"median {PAPER_WRONG[0]:.0%})")
+    return f"as logged in {source.split(':', 1)[1]} (response_len_mean, frac_truncated)"
+
+
+def load(source: str, cfg: Any) -> np.ndarray:
+    """One step's [B*G] response lengths from a `--lengths` source: "paper" or
+    "metrics:PATH". Raises ValueError (one line) for a source it cannot read."""
+    r = cfg.rollout
+    rows, n = r.prompts_per_step * r.group_size, r.max_new_tokens
+    if source == "paper":
+        return paper_mix(rows, n)
+    if source.startswith("metrics:"):
+        path = source.split(":", 1)[1]
+        try:
+            return from_metrics(path, rows, n)
+        except OSError as e:
+            raise ValueError(f"--lengths={source}: {e.strerror or e}") from None
+    raise ValueError(f"--lengths={source}: expected paper, max or metrics:PATH")
+
+
+def step_times(source: str, lengths: np.ndarray, cfg: Any, decode_step_s: float,
+               decode_runs: float, step_s: float) -> dict:
+    """The plan's step time under one step's `lengths` (from `source`): for each schedule its
+    counts, decode time (decode steps x `decode_step_s`) and step time (the worst-case
+    `step_s` with its `decode_runs` decode steps replaced by these)."""
+    from ibpo_jax import sampling
+
+    r = cfg.rollout
+    n, rows = r.max_new_tokens, len(lengths)
+    slots = (r.sample_chunk or r.prompts_per_step) * r.group_size
+    out = schedules(lengths, slots, n, compact=n >= sampling.COMPACT_MIN_NEW_TOKENS)
+    calls = -(-rows // slots)  # the first token of each call is prefill's
+    for name, counts in out.items():
+        loop = counts["decode_steps"] - (calls if name == "today" else 0)
+        counts["decode_s"] = loop * decode_step_s
+        counts["step_s"] = step_s - decode_runs * decode_step_s + counts["decode_s"]
+    return {"source": describe(source), "slots": slots, "mean_length": float(lengths.mean()),
+            "at_limit": float(np.mean(lengths >= n)), "worst_case_decode_steps": decode_runs,
+            "schedules": out}
