@@ -35,7 +35,8 @@ def config_errors() -> tuple[type[BaseException], ...]:
     from ibpo_jax import config_sections, registry
     from ibpo_jax.models import config as model_config
 
-    errors: list[type[BaseException]] = [config_sections.ConfigError, model_config.ConfigError,
+    errors: list[type[BaseException]] = [config_sections.ConfigError,
+                                         model_config.ArchitectureError,
                                          registry.UnknownNameError]  # (splits among them)
     sharding = sys.modules.get("ibpo_jax.sharding")  # imported by then if it raised
     if sharding is not None:
@@ -49,10 +50,10 @@ def config_errors() -> tuple[type[BaseException], ...]:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Every error an entry point prints as one line: config errors, then the run's own."""
     from ibpo_jax.data.files import DataFormatError
-    from ibpo_jax.models.safetensors_io import CheckpointError
+    from ibpo_jax.models.safetensors_io import HFCheckpointError
     from ibpo_jax.trainer.errors import RunError
 
-    errors = [*config_errors(), RunError, DataFormatError, CheckpointError, FileNotFoundError]
+    errors = [*config_errors(), RunError, DataFormatError, HFCheckpointError, FileNotFoundError]
     for module, name in (("ibpo_jax.rewards.code", "SandboxUnavailable"),
                          ("ibpo_jax.sharding", "DistributedSetupError")):
         if module in sys.modules:  # only raised once its module is in use

@@ -1,7 +1,7 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`config_schema._Section`): the core's in `config_sections.py`, `config_tasks.py` and
+checks (`config_schema.Section`): the core's in `config_sections.py`, `config_tasks.py` and
 `config_logging.py`, each method's beside its code (`ibpo_jax/methods/`), so a new knob is
 one field in its section plus its use. Checks that span sections are `RunConfig.check` and, for
 the methods a config turns on (`registry.METHODS`), each method's own `check`.
@@ -40,11 +40,11 @@ from ibpo_jax.config_sections import (
     OptimConfig,
     RewardConfig,
     RolloutConfig,
+    Section,
     TinyModelConfig,
     TokenizerConfig,
     TrainLoopConfig,
-    _hints,
-    _Section,
+    hints,
 )
 from ibpo_jax.config_tasks import ArithTaskConfig, EvalConfig, TaskConfig, WarmStartConfig
 from ibpo_jax.methods.prm.config import PrmConfig
@@ -65,7 +65,7 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig(_Section):
+class RunConfig(Section):
     algo: str = "ibpo_gspo"
     """The algorithm (configs/<algo>.py)."""
     preset: str = ""
@@ -197,7 +197,7 @@ def defaults(cls: type = RunConfig) -> dict[str, Any]:
     out = {}
     built = cls()
     for f in dataclasses.fields(cls):
-        value, tp = getattr(built, f.name), _hints(cls)[f.name]
+        value, tp = getattr(built, f.name), hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
             out[f.name] = defaults(tp)
         else:
@@ -282,9 +282,9 @@ def _word_or(key: str) -> type | None:
     `float | str` (a number or "auto"), else None."""
     tp: Any = RunConfig
     for part in key.split("."):
-        if not dataclasses.is_dataclass(tp) or part not in _hints(tp):
+        if not dataclasses.is_dataclass(tp) or part not in hints(tp):
             return None
-        tp = _hints(tp)[part]
+        tp = hints(tp)[part]
     members = typing.get_args(tp) if isinstance(tp, types.UnionType) else ()
     numbers = [m for m in members if m in (int, float)]
     return numbers[0] if str in members and numbers else None
@@ -322,7 +322,7 @@ def _build(cls: type, node: Any, prefix: str) -> Any:
         )
     kwargs = {}
     for name in node.keys():
-        tp = _hints(cls)[name]
+        tp = hints(cls)[name]
         key = f"{prefix}.{name}".lstrip(".")
         kwargs[name] = _build(tp, node[name], key) if dataclasses.is_dataclass(tp) else node[name]
     return cls(**kwargs)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 
-from ibpo_jax.config_schema import _Section
+from ibpo_jax.config_schema import Section
 
 # The backends `trainer.logs.RunLog` writes to. jsonl is required: resume, summary.md and the
 # reproduction read metrics.jsonl.
@@ -15,7 +15,7 @@ LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 
 
 @dataclasses.dataclass(frozen=True)
-class LoggingConfig(_Section):
+class LoggingConfig(Section):
     KEY = "logging"
     backends: str = "tensorboard,jsonl"
     """Comma-separated metric sinks: jsonl (metrics.jsonl, required), tensorboard

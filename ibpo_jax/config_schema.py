@@ -27,7 +27,7 @@ class _WrongType(ConfigError):
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -65,14 +65,14 @@ def _typed(value: Any, tp: Any, key: str) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Section:
+class Section:
     """Base of the sections: field type checks, then the section's own `check`."""
 
     KEY: ClassVar[str] = ""  # the section's path under `config.`
 
     def __post_init__(self):
         for f in dataclasses.fields(self):
-            value = _typed(getattr(self, f.name), _hints(type(self))[f.name], self._key(f.name))
+            value = _typed(getattr(self, f.name), hints(type(self))[f.name], self._key(f.name))
             object.__setattr__(self, f.name, value)
         self.check()
 

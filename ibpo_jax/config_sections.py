@@ -1,4 +1,4 @@
-"""The core's config sections: one frozen dataclass per section (`config_schema._Section`), each
+"""The core's config sections: one frozen dataclass per section (`config_schema.Section`), each
 with its defaults, a docstring per field and its own checks; the methods' sections live beside
 their code (`ibpo_jax/methods/`). `ibpo_jax.config` assembles them into `RunConfig` (import the
 sections from there). Importing this module does not import ml_collections."""
@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 
 from ibpo_jax import registry
-from ibpo_jax.config_schema import MIN_TEMPERATURE, ConfigError, _hints, _Section  # noqa: F401
+from ibpo_jax.config_schema import MIN_TEMPERATURE, ConfigError, Section, hints  # noqa: F401
 from ibpo_jax.models import config as model_config
 
 
 @dataclasses.dataclass(frozen=True)
-class TokenizerConfig(_Section):
+class TokenizerConfig(Section):
     KEY = "tokenizer"
     path: str = ""
     """"" = the task's own (char tokenizer for arith) or the model checkpoint's."""
@@ -31,7 +31,7 @@ def _check_tiny(self) -> None:
     try:
         model_config.Qwen3Config(vocab_size=1, max_position_embeddings=1,
                                  **dataclasses.asdict(self))
-    except model_config.ConfigError as e:
+    except model_config.ArchitectureError as e:
         raise ConfigError(f"config.model.tiny: {e}") from None
 
 
@@ -39,13 +39,13 @@ TinyModelConfig = dataclasses.make_dataclass(
     "TinyModelConfig",
     [(f.name, f.type, dataclasses.field(default=_TINY.get(f.name, f.default)))
      for f in dataclasses.fields(model_config.Qwen3Config) if f.name not in _RUN_SET],
-    bases=(_Section,), frozen=True,
+    bases=(Section,), frozen=True,
     namespace={"KEY": "model.tiny", "__module__": __name__, "check": _check_tiny,
                "__doc__": "models.Qwen3Config of preset 'tiny' (less the fields the run sets)"})
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraConfig(_Section):
+class LoraConfig(Section):
     KEY = "model.lora"
     rank: int = 0
     """LoRA rank r (models/lora.py): only adapters x·A·B·alpha/r on the `targets` projections
@@ -77,7 +77,7 @@ class LoraConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig(_Section):
+class ModelConfig(Section):
     KEY = "model"
     preset: str = "tiny"
     """"tiny" (model.tiny), "hf" (the checkpoint's config.json) or a models.QWEN3_PRESETS name,
@@ -118,7 +118,7 @@ class ModelConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutConfig(_Section):
+class RolloutConfig(Section):
     KEY = "rollout"
     prompts_per_step: int = 16
     """Prompts per RL step (B); the step samples B x G responses."""
@@ -166,7 +166,7 @@ class RolloutConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig(_Section):
+class RewardConfig(Section):
     KEY = "reward"
     name: str = ""
     """A registry.REWARDS name; "" = the task's reward."""
@@ -205,7 +205,7 @@ class RewardConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class IbpoConfig(_Section):
+class IbpoConfig(Section):
     KEY = "ibpo"
     operator: str = "lcs_first_error"
     """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0); "checker" = the
@@ -240,7 +240,7 @@ class IbpoConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class AdvantageConfig(_Section):
+class AdvantageConfig(Section):
     KEY = "advantage"
     normalize_std: bool = True
     """Divide by the group std (False = Dr. GRPO); PPO: whiten over the batch."""
@@ -264,7 +264,7 @@ CLIP_EPS = {"gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4), "grpo": (0.2, 0.2)
 
 
 @dataclasses.dataclass(frozen=True)
-class LossConfig(_Section):
+class LossConfig(Section):
     """The policy loss and its hyperparameters: also the `losses.LossSpec` every loss takes."""
 
     KEY = "loss"
@@ -325,7 +325,7 @@ class LossConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class CancellationConfig(_Section):
+class CancellationConfig(Section):
     KEY = "cancellation"
     transform: str = "none"
     """registry.TRANSFORMS name (DESIGN §5)."""
@@ -338,7 +338,7 @@ class CancellationConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimConfig(_Section):
+class OptimConfig(Section):
     KEY = "optim"
     lr: float = 1e-6
     """Peak learning rate of AdamW."""
@@ -381,7 +381,7 @@ class OptimConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class RolloutMeshConfig(_Section):
+class RolloutMeshConfig(Section):
     """Where rollouts are sampled (trainer/offpolicy.py: the parameters are resharded onto it
     once per step). One axis may be -1: it takes the devices the others leave."""
 
@@ -406,7 +406,7 @@ class RolloutMeshConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class MeshConfig(_Section):
+class MeshConfig(Section):
     """One axis may be -1: it takes the devices the others leave (sharding.make_mesh)."""
 
     KEY = "mesh"
@@ -423,7 +423,7 @@ class MeshConfig(_Section):
         _check_axes(self)
 
 
-def _check_axes(section: _Section) -> None:
+def _check_axes(section: Section) -> None:
     """A mesh section's (data, fsdp, tensor): each -1 or > 0, at most one -1."""
     for name in ("data", "fsdp", "tensor"):
         section._require(name, getattr(section, name) == -1 or getattr(section, name) > 0,
@@ -436,7 +436,7 @@ def _check_axes(section: _Section) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainLoopConfig(_Section):
+class TrainLoopConfig(Section):
     KEY = "train"
     steps: int = 400
     """RL steps of the run."""
@@ -475,7 +475,7 @@ class TrainLoopConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class DiagnosticsConfig(_Section):
+class DiagnosticsConfig(Section):
     KEY = "diagnostics"
     grad_var_every: int = 0
     """Log the gradient variance every this many steps; 0 = off."""

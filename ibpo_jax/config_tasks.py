@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from ibpo_jax import registry
-from ibpo_jax.config_schema import _Section
+from ibpo_jax.config_schema import Section
 from ibpo_jax.data import arith, countdown
 
 # The generators' own defaults are the one source of the task sections' defaults (a change
@@ -17,7 +17,7 @@ _ARITH, _COUNTDOWN = arith.ArithConfig(), countdown.CountdownConfig()
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithTaskConfig(_Section):
+class ArithTaskConfig(Section):
     KEY = "task.arith"
     num_steps: int = _ARITH.num_steps
     """Operations per problem of the embedded `arith` task."""
@@ -38,7 +38,7 @@ class ArithTaskConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class CountdownTaskConfig(_Section):
+class CountdownTaskConfig(Section):
     KEY = "task.countdown"
     min_numbers: int = _COUNTDOWN.min_numbers
     """Fewest numbers a `countdown` problem gives (>= 2)."""
@@ -69,7 +69,7 @@ class CountdownTaskConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class TaskConfig(_Section):
+class TaskConfig(Section):
     KEY = "task"
     name: str = "arith"
     """A registry.TASKS name."""
@@ -103,7 +103,7 @@ class TaskConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalConfig(_Section):
+class EvalConfig(Section):
     KEY = "eval"
     num_prompts: int = 256
     """Evaluation problems (the first of the split)."""
@@ -124,7 +124,7 @@ class EvalConfig(_Section):
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmStartConfig(_Section):
+class WarmStartConfig(Section):
     KEY = "warm_start"
     enabled: bool = False
     """Supervised warm start on the task's reference solutions."""

@@ -27,7 +27,7 @@ def _raising(error):
 
 @pytest.mark.parametrize("error, code, prefix", [
     (config.ConfigError("config.optim.lr=inf: must be finite"), 2, "config error: "),
-    (model_config.ConfigError("Qwen3Config.head_dim=3 must be even"), 2, "config error: "),
+    (model_config.ArchitectureError("Qwen3Config.head_dim=3 must be even"), 2, "config error: "),
     (registry.UnknownNameError("unknown task 'x' (config key config.task.name); valid: a"), 2,
      "config error: "),
     (registry.UnknownSplitError("task 'arith' has no split 'nope'"), 2, "config error: "),

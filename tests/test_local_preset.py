@@ -17,7 +17,7 @@ from ibpo_jax import config  # noqa: E402
 from ibpo_jax.config import ConfigError  # noqa: E402
 from ibpo_jax.data import formats  # noqa: E402
 from ibpo_jax.registry import UnknownSplitError  # noqa: E402
-from ibpo_jax.trainer import tasks  # noqa: E402
+from ibpo_jax.trainer import run_tasks  # noqa: E402
 from tests.test_train import FIXTURES, ROOT, tiny_hf_checkpoint  # noqa: E402
 
 PROBLEMS = [("Compute $3 \\times 4$.", "12"), ("Simplify $\\frac{6}{8}$.", "\\frac{3}{4}"),
@@ -58,8 +58,8 @@ def test_fields_parse_from_the_command_line_form():
 def test_local_preset_reads_renamed_columns_for_training_and_evaluation(files):
     ckpt, train, test = files
     cfg = _local(ckpt, train, test, **{"task.fields": FIELDS})
-    tokenizer = tasks.build_tokenizer(cfg)
-    task, eval_task, split = tasks.train_and_eval_tasks(cfg, tokenizer)
+    tokenizer = run_tasks.build_tokenizer(cfg)
+    task, eval_task, split = run_tasks.train_and_eval_tasks(cfg, tokenizer)
     assert task.name == eval_task.name == "math_jsonl" and task is not eval_task
     records, held_out = task.split(cfg.task.train_split), eval_task.split(split)
     assert [(r["problem"], r["answer"]) for r in records] == PROBLEMS
@@ -68,9 +68,9 @@ def test_local_preset_reads_renamed_columns_for_training_and_evaluation(files):
     bad = _local(ckpt, train, test, **{"task.fields": "question:problem"})
     with pytest.raises(ConfigError, match=r"^config.task.fields='question:problem': .* "
                                           "math_jsonl has no field 'problem'"):
-        tasks.train_and_eval_tasks(bad, tokenizer)
+        run_tasks.train_and_eval_tasks(bad, tokenizer)
     with pytest.raises(ValueError, match="field 'prompt' is missing"):  # no mapping: named
-        tasks.train_and_eval_tasks(_local(ckpt, train, test), tokenizer)[0].split("train")
+        run_tasks.train_and_eval_tasks(_local(ckpt, train, test), tokenizer)[0].split("train")
 
 
 def test_benchmark_trains_on_its_test_split_only_when_told(files):
@@ -78,15 +78,15 @@ def test_benchmark_trains_on_its_test_split_only_when_told(files):
     lcb = {"task.name": "livecodebench", "task.path": FIXTURES / "livecodebench.jsonl",
            "task.eval_path": ""}
     cfg = _local(ckpt, train, test, **lcb)
-    tokenizer = tasks.build_tokenizer(cfg)
-    task, eval_task, split = tasks.train_and_eval_tasks(cfg, tokenizer)
+    tokenizer = run_tasks.build_tokenizer(cfg)
+    task, eval_task, split = run_tasks.train_and_eval_tasks(cfg, tokenizer)
     assert eval_task is task and split == "test"  # no 'validation': the file's one split
     with pytest.raises(UnknownSplitError, match=r"^task 'livecodebench' has no split 'train'; "
                        r"available: \['test'\]; to train on it, set "
                        r"config.task.train_split=test$"):
         task.split(cfg.task.train_split)
     told = _local(ckpt, train, test, **lcb, **{"task.train_split": "test"})
-    task, _, _ = tasks.train_and_eval_tasks(told, tokenizer)
+    task, _, _ = run_tasks.train_and_eval_tasks(told, tokenizer)
     assert len(task.split(told.task.train_split)) == len(task.split("test")) > 0
 
 

@@ -183,7 +183,7 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
         try:
             for s in range(1, args.steps + 1):
                 check = IndexSampler(len(trainer.train_records), seed=cfg.seed)
-                check.restore(trainer.sampler.position)
+                check.restore(trainer.order.position)
                 assert np.array_equal(check.next_indices(PROMPTS), per_step[s - 1]), \
                     "our trainer would draw other prompts than TRL is given"
                 if profile and s == args.steps:

@@ -111,8 +111,8 @@ def main() -> None:
     later = max(every[2:]) - max(end[2:-1] or end[2:])
     print(f"checkpointing adds {later / GIB:.2f} GiB from step 2 on; the train state (params + "
           f"Adam, a checkpoint's host copy) is {state / GIB:.2f} GiB "
-          f"(ratio {later / state:.2f}); the plan's peak: {plan['peak_bytes_per_device'] / GIB:.2f} GiB "
-          f"({plan['peak_program']})")
+          f"(ratio {later / state:.2f}); the plan's peak: "
+          f"{plan['peak_bytes_per_device'] / GIB:.2f} GiB ({plan['peak_program']})")
 
 
 if __name__ == "__main__":

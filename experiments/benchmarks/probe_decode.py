@@ -65,7 +65,7 @@ def compaction(spec: str, steps: int, trials: int) -> None:
     saved, total, best, same = 0, 0, {False: float("inf"), True: float("inf")}, True
     for s in range(1, steps + 1):
         key = jax.random.fold_in(t.seed_key, s)
-        records = [t.train_records[int(i)] for i in t.sampler.next_indices(r.prompts_per_step)]
+        records = [t.train_records[int(i)] for i in t.order.next_indices(r.prompts_per_step)]
         prompts = encode_prompts(t.tokenizer, [t.task.prompt_text(x) for x in records],
                                  r.max_prompt_len)
         outs = {}

@@ -87,7 +87,7 @@ LADDER: dict[str, ArithConfig] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithCheck:
+class StepCheck:
     """Verdict on one response.
 
     correct: the final line is "Answer: N" with N the true answer.
@@ -229,8 +229,8 @@ def prompt_text(record: dict) -> str:
     return record["question"] + "\n"
 
 
-def check(response_text: str, record: dict) -> ArithCheck:
-    """Step-level verdict on `response_text` for the problem `record` (see ArithCheck)."""
+def check(response_text: str, record: dict) -> StepCheck:
+    """Step-level verdict on `response_text` for the problem `record` (see StepCheck)."""
     ops, operands = record["ops"], list(record["operands"])
     true_answer = int(record["answer"])
     text = response_text[:-1] if response_text.endswith("\n") else response_text
@@ -279,4 +279,4 @@ def check(response_text: str, record: dict) -> ArithCheck:
         reason = "correct"
     else:  # every line present is right, so the response stops before its answer line
         reason = f"incomplete: {len(lines)} of {len(ops)} steps and no answer line"
-    return ArithCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)
+    return StepCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)

@@ -46,9 +46,9 @@ from collections import Counter
 
 import numpy as np
 
-from ibpo_jax.data.arith import ArithCheck, draw_distinct
+from ibpo_jax.data.arith import StepCheck, draw_distinct
 
-CountdownCheck = ArithCheck  # one verdict type, so the probes read both tasks' checkers alike
+CountdownCheck = StepCheck  # one verdict type, so the probes read both tasks' checkers alike
 
 _NUM = r"(0|[1-9]\d*)"  # no sign, no leading zeros: exactly how the reference writes numbers
 _STEP_RE = re.compile(rf"{_NUM}([+\-*/]){_NUM}={_NUM}")
@@ -333,7 +333,7 @@ def _step_error(line: str, pool: Counter, max_value: int) -> tuple[str | None, t
     return None, (a, b, c)
 
 
-def check(response_text: str, record: dict) -> ArithCheck:
+def check(response_text: str, record: dict) -> StepCheck:
     """Step-level verdict on `response_text` for the problem `record` (see the module doc)."""
     target, max_value = int(record["target"]), int(record["max_value"])
     text = response_text[:-1] if response_text.endswith("\n") else response_text
@@ -375,7 +375,7 @@ def check(response_text: str, record: dict) -> ArithCheck:
         reason = f"incomplete: {len(lines)} steps and no answer line"
     if answer is None and lines and (m := _ANSWER_RE.fullmatch(lines[-1])):
         answer = int(m.group(1))
-    return ArithCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)
+    return StepCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)
 
 
 def canonical_step(line: str) -> str:

@@ -8,7 +8,7 @@ Inside jitted training code use the functional forms `forward` / `token_logprobs
 `response_logprobs` / `final_hidden` with params as arguments.
 """
 
-from ibpo_jax.models.config import QWEN3_PRESETS, ConfigError, ModelOptions, Qwen3Config
+from ibpo_jax.models.config import QWEN3_PRESETS, ArchitectureError, ModelOptions, Qwen3Config
 from ibpo_jax.models.hf_io import load_hf, save_hf
 from ibpo_jax.models.lm import (
     Qwen3LM,
@@ -22,10 +22,10 @@ from ibpo_jax.models.lm import (
     response_logprobs,
     token_logprobs,
 )
-from ibpo_jax.models.safetensors_io import CheckpointError
+from ibpo_jax.models.safetensors_io import HFCheckpointError
 
 __all__ = [
-    "QWEN3_PRESETS", "CheckpointError", "ConfigError", "ModelOptions", "Qwen3Config",
+    "QWEN3_PRESETS", "HFCheckpointError", "ArchitectureError", "ModelOptions", "Qwen3Config",
     "Qwen3LM", "TokenLogprobs", "abstract_params", "final_hidden", "forward", "init",
     "load_hf", "make_options", "place_params", "response_logprobs", "save_hf",
     "token_logprobs",

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-class ConfigError(ValueError):
+class ArchitectureError(ValueError):
     """A config.json (or dict) that does not describe a Qwen3 dense model we can run."""
 
 
@@ -48,18 +48,19 @@ class Qwen3Config:
                      "max_position_embeddings"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ConfigError(f"Qwen3Config.{name} must be a positive int, got {value!r}")
+                raise ArchitectureError(f"Qwen3Config.{name} must be a positive int, got {value!r}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
+            raise ArchitectureError(
                 f"Qwen3Config.num_attention_heads={self.num_attention_heads} is not a multiple "
                 f"of num_key_value_heads={self.num_key_value_heads}")
         if self.head_dim % 2:
-            raise ConfigError(f"Qwen3Config.head_dim={self.head_dim} must be even (RoPE halves)")
+            raise ArchitectureError(f"Qwen3Config.head_dim={self.head_dim} must be even "
+                                    "(RoPE halves)")
         for name in ("rms_norm_eps", "rope_theta", "initializer_range"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
                     or not value > 0:
-                raise ConfigError(f"Qwen3Config.{name} must be a number > 0, got {value!r}")
+                raise ArchitectureError(f"Qwen3Config.{name} must be a number > 0, got {value!r}")
 
     @property
     def num_groups(self) -> int:
@@ -71,8 +72,8 @@ class Qwen3Config:
         """From an HF checkpoint directory, a config.json path or its parsed dict.
 
         Accepts both the transformers<5 spelling (`rope_theta` at top level) and the >=5 one
-        (`rope_parameters.rope_theta`). Raises `ConfigError` naming the field for anything this
-        model does not implement (biases, sliding window, RoPE scaling, another model type).
+        (`rope_parameters.rope_theta`). Raises `ArchitectureError` naming the field for anything
+        this model does not implement (biases, sliding window, RoPE scaling, another model type).
         """
         if isinstance(source, Mapping):
             d = dict(source)
@@ -84,14 +85,14 @@ class Qwen3Config:
                 with open(path, encoding="utf-8") as f:
                     d = json.load(f)
             except FileNotFoundError:
-                raise ConfigError(f"no HF config at {path}") from None
+                raise ArchitectureError(f"no HF config at {path}") from None
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} is not valid JSON: {e}") from None
+                raise ArchitectureError(f"{path} is not valid JSON: {e}") from None
         where = "config" if isinstance(source, Mapping) else os.fspath(source)
 
         def need(field: str, ok: bool, msg: str):
             if not ok:
-                raise ConfigError(f"{where}: field {field!r} {msg}")
+                raise ArchitectureError(f"{where}: field {field!r} {msg}")
 
         need("model_type", d.get("model_type", "qwen3") == "qwen3",
              f"is {d.get('model_type')!r}, expected 'qwen3'")
@@ -122,8 +123,8 @@ class Qwen3Config:
                 need(field.name, False, "is missing")
         try:
             return cls(rope_theta=float(theta), **kwargs)
-        except (ConfigError, TypeError, ValueError) as e:  # name the file as well as the field
-            raise ConfigError(f"{where}: {e}") from None
+        except (ArchitectureError, TypeError, ValueError) as e:  # name the file and the field
+            raise ArchitectureError(f"{where}: {e}") from None
 
     def to_hf_dict(self, *, dtype: Any = jnp.float32) -> dict[str, Any]:
         """The config.json dict of an equivalent `Qwen3ForCausalLM` (params stored in `dtype`).
@@ -211,20 +212,22 @@ class ModelOptions:
         for name in ("dtype", "param_dtype"):
             dt = jnp.dtype(getattr(self, name))
             if not jnp.issubdtype(dt, jnp.floating):
-                raise ConfigError(f"ModelOptions.{name} must be a float dtype, got {dt}")
+                raise ArchitectureError(f"ModelOptions.{name} must be a float dtype, got {dt}")
             object.__setattr__(self, name, dt)
         if self.remat not in REMAT_POLICIES:
-            raise ConfigError(f"ModelOptions.remat={self.remat!r}; valid: {REMAT_POLICIES}")
+            raise ArchitectureError(f"ModelOptions.remat={self.remat!r}; valid: {REMAT_POLICIES}")
         if self.attention not in ATTENTION_IMPLEMENTATIONS:
-            raise ConfigError(f"ModelOptions.attention={self.attention!r}; valid: "
+            raise ArchitectureError(f"ModelOptions.attention={self.attention!r}; valid: "
                               f"{ATTENTION_IMPLEMENTATIONS}")
         for name in ("attention_block_q", "attention_block_kv"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ConfigError(f"ModelOptions.{name} must be a positive int, got {value!r}")
+                raise ArchitectureError(f"ModelOptions.{name} must be a positive int, got "
+                                        f"{value!r}")
         if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, (int, np.integer)) \
                 or self.lora_rank < 0:
-            raise ConfigError(f"ModelOptions.lora_rank must be an int >= 0, got {self.lora_rank!r}")
+            raise ArchitectureError(f"ModelOptions.lora_rank must be an int >= 0, got "
+                                    f"{self.lora_rank!r}")
         if not 0 <= self.lora_dropout < 1:
-            raise ConfigError(f"ModelOptions.lora_dropout must be in [0, 1), got "
+            raise ArchitectureError(f"ModelOptions.lora_dropout must be in [0, 1), got "
                               f"{self.lora_dropout!r}")

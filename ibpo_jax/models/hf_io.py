@@ -30,7 +30,7 @@ from ibpo_jax import sharding
 from ibpo_jax.models import safetensors_io as st
 from ibpo_jax.models.config import Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM, abstract_params, make_options
-from ibpo_jax.models.safetensors_io import CheckpointError
+from ibpo_jax.models.safetensors_io import HFCheckpointError
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 GENERATION_FILE = "generation_config.json"
@@ -129,10 +129,10 @@ def _load_leaf(leaf: _Leaf, tensors: dict[str, st.TensorInfo], target: Any) -> j
     want = _hf_shape(leaf.rule, one_shape)
     for name in names:
         if name not in tensors:
-            raise CheckpointError(f"tensor {name} is missing from the checkpoint "
+            raise HFCheckpointError(f"tensor {name} is missing from the checkpoint "
                                   f"(needed for parameter {'/'.join(leaf.path)})")
         if tensors[name].shape != want:
-            raise CheckpointError(f"tensor {name} has shape {tensors[name].shape}, the config "
+            raise HFCheckpointError(f"tensor {name} has shape {tensors[name].shape}, the config "
                                   f"implies {want}")
     cache: dict[tuple, np.ndarray] = {}  # replicated shards read once
 
@@ -159,7 +159,7 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: Mesh | N
     other `ModelOptions` fields (param_dtype, remat, scan_layers, value_head). With a mesh each
     parameter is placed straight on its `layout` sharding. With value_head and no
     value_head.safetensors in `path`, the head starts at its random-free init (zero weights).
-    Raises ConfigError (bad config.json) or CheckpointError naming the offending tensor.
+    Raises ArchitectureError (bad config.json) or HFCheckpointError naming the offending tensor.
     """
     path = os.fspath(path)
     config = Qwen3Config.from_hf(path)
@@ -185,7 +185,7 @@ def load_hf(path: str | os.PathLike, *, dtype: Any = jnp.float32, mesh: Mesh | N
                    and not (n == "lm_head.weight" and config.tie_word_embeddings)
                    and not n.startswith("value_head."))
     if extra:
-        raise CheckpointError(f"tensor {extra[0]} in the checkpoint is not part of a Qwen3 "
+        raise HFCheckpointError(f"tensor {extra[0]} in the checkpoint is not part of a Qwen3 "
                               f"model with this config ({len(extra)} unexpected tensors: "
                               f"{', '.join(extra[:5])})")
     params = jax.tree.unflatten(jax.tree.structure(params_shape), arrays)

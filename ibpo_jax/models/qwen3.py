@@ -37,7 +37,7 @@ Array = jax.Array
 DROPOUT_RNG = "lora_dropout"  # the rng collection of the adapters' dropout (`project`)
 
 
-class Context(NamedTuple):
+class LayerInputs(NamedTuple):
     """Inputs shared by every layer of one pass (the `nn.scan` broadcast argument)."""
 
     cos: Array  # [B, T, H/2] float32
@@ -178,7 +178,7 @@ class Attention(nn.Module):
         v = sharding.constrain(v, self.layout.act_bkth)
         return q, k, v
 
-    def __call__(self, x: Array, ctx: Context, prompt: kv_cache.PromptKV | None,
+    def __call__(self, x: Array, ctx: LayerInputs, prompt: kv_cache.PromptKV | None,
                  rows: kv_cache.RowKV | None, layer: Array | None
                  ) -> tuple[Array, kv_cache.RowKV | None, tuple[Array, Array]]:
         """x [B*R, T, D] -> (attention output [B*R, T, D], the row cache with this step's
@@ -252,7 +252,7 @@ class Block(nn.Module):
         self.attn = Attention(self.config, self.options, self.layout)
         self.mlp = Mlp(self.config, self.options, self.layout)
 
-    def __call__(self, carry: tuple[Array, Any], xs: tuple[Any, Any], ctx: Context
+    def __call__(self, carry: tuple[Array, Any], xs: tuple[Any, Any], ctx: LayerInputs
                  ) -> tuple[tuple[Array, Any], tuple[Array, Array]]:
         eps, dt = self.config.rms_norm_eps, self.options.dtype
         x, rows = carry  # [B*R, T, D]
@@ -301,7 +301,7 @@ class Qwen3(nn.Module):
             self.value_head = self.param("value_head", init, (c.hidden_size,), o.param_dtype)
             self.value_bias = self.param("value_bias", nn.initializers.zeros, (), o.param_dtype)
 
-    def _layers(self, x: Array, ctx: Context, prompt: Any = None, rows: Any = None
+    def _layers(self, x: Array, ctx: LayerInputs, prompt: Any = None, rows: Any = None
                 ) -> tuple[Array, Any, Any]:
         """The one place that runs the blocks, scanned or unrolled: x [B*R, T, D] -> (x, the
         row cache after its writes or None, every layer's (k, v) [B*R, K, T, H]). Caches and
@@ -334,7 +334,7 @@ class Qwen3(nn.Module):
         int (packed rows), a token sees only the earlier tokens of its own segment. A padding
         token sees no key (its attention output is 0; callers ignore padding positions)."""
         cos, sin = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
-        ctx = Context(cos, sin, attention.causal_mask(mask, segments))
+        ctx = LayerInputs(cos, sin, attention.causal_mask(mask, segments))
         x, _, kv = self._layers(self._embed(tokens), ctx)
         return self._final_norm(x), kv
 
@@ -354,7 +354,7 @@ class Qwen3(nn.Module):
         prompt_len = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)  # [B]
         pos_r = jnp.repeat(prompt_len, r)[:, None] + jnp.arange(n, dtype=jnp.int32)  # [B*R, C]
         mask = attention.grouped_mask(prompt_mask, r, n)  # keys: the prompt's P, then own C
-        ctx = Context(*rope_tables(pos_r, c.head_dim, c.rope_theta), mask)
+        ctx = LayerInputs(*rope_tables(pos_r, c.head_dim, c.rope_theta), mask)
         prompt_kv = kv_cache.prompt_cache(kv, self.options.scan_layers)
         xr, _, _ = self._layers(self._embed(response), ctx, prompt=prompt_kv)
         return hp, self._final_norm(xr)
@@ -376,7 +376,7 @@ class Qwen3(nn.Module):
         bound = prompt_mask.shape[1] + kv_cache.slots_of(cache.rows)
         cos_t, sin_t = rope_tables(jnp.arange(bound), c.head_dim, c.rope_theta)  # [P+C, H/2]
         cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B*R, 1, H/2]
-        ctx = Context(cos, sin, None, prompt_mask, slot_mask, index)
+        ctx = LayerInputs(cos, sin, None, prompt_mask, slot_mask, index)
         x, rows, _ = self._layers(self._embed(tokens[:, None]), ctx, cache.prompt, cache.rows)
         return self._final_norm(x[:, 0]), cache._replace(rows=rows)
 

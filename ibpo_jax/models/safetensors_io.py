@@ -29,7 +29,7 @@ DTYPES = {
 _NAMES = {v: k for k, v in DTYPES.items()}
 
 
-class CheckpointError(ValueError):
+class HFCheckpointError(ValueError):
     """A checkpoint that does not match the model: missing, misshapen or unreadable tensors."""
 
 
@@ -47,15 +47,15 @@ def read_header(file: str) -> dict[str, TensorInfo]:
         with open(file, "rb") as f:
             head = f.read(8)
             if len(head) < 8:
-                raise CheckpointError(f"{file}: truncated (no safetensors header)")
+                raise HFCheckpointError(f"{file}: truncated (no safetensors header)")
             (n,) = struct.unpack("<Q", head)
             if n > size - 8:
-                raise CheckpointError(f"{file}: truncated (header of {n} bytes, file {size})")
+                raise HFCheckpointError(f"{file}: truncated (header of {n} bytes, file {size})")
             header = json.loads(f.read(n))
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {file} is missing") from None
+        raise HFCheckpointError(f"checkpoint file {file} is missing") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{file}: corrupt safetensors header: {e}") from None
+        raise HFCheckpointError(f"{file}: corrupt safetensors header: {e}") from None
     out = {}
     for name, meta in header.items():
         if name == "__metadata__":
@@ -64,15 +64,15 @@ def read_header(file: str) -> dict[str, TensorInfo]:
             dtype_name, shape, (begin, end) = meta["dtype"], tuple(meta["shape"]), \
                 meta["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"tensor {name} in {file}: header entry {meta!r} lacks a "
+            raise HFCheckpointError(f"tensor {name} in {file}: header entry {meta!r} lacks a "
                                   "valid dtype / shape / data_offsets") from None
         if dtype_name not in DTYPES:
-            raise CheckpointError(f"tensor {name} in {file}: unsupported dtype {dtype_name}")
+            raise HFCheckpointError(f"tensor {name} in {file}: unsupported dtype {dtype_name}")
         dtype = DTYPES[dtype_name]
         if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-            raise CheckpointError(f"tensor {name} in {file}: byte range does not match shape")
+            raise HFCheckpointError(f"tensor {name} in {file}: byte range does not match shape")
         if 8 + n + end > size:
-            raise CheckpointError(f"tensor {name} in {file}: data runs past the end of the file "
+            raise HFCheckpointError(f"tensor {name} in {file}: data runs past the end of the file "
                                   f"(truncated checkpoint)")
         out[name] = TensorInfo(file, dtype, shape, 8 + n + begin)
     return out
@@ -89,19 +89,19 @@ def read_checkpoint_index(directory: str) -> dict[str, TensorInfo]:
             files = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError,
                 AttributeError) as e:
-            raise CheckpointError(f"{index_file}: not a safetensors index with a 'weight_map' "
+            raise HFCheckpointError(f"{index_file}: not a safetensors index with a 'weight_map' "
                                   f"of tensor -> file ({type(e).__name__}: {e})") from None
         tensors: dict[str, TensorInfo] = {}
         for file in files:
             tensors.update(read_header(os.path.join(directory, file)))
         for name, file in weight_map.items():
             if name not in tensors:
-                raise CheckpointError(f"tensor {name}: listed in {index_file} under {file} but "
+                raise HFCheckpointError(f"tensor {name}: listed in {index_file} under {file} but "
                                       f"absent from that file")
         return tensors
     single = os.path.join(directory, "model.safetensors")
     if not os.path.exists(single):
-        raise CheckpointError(f"{directory}: neither model.safetensors nor "
+        raise HFCheckpointError(f"{directory}: neither model.safetensors nor "
                               f"model.safetensors.index.json")
     return read_header(single)
 
@@ -142,7 +142,7 @@ def write_file(file: str, tensors: Iterable[PlannedTensor], *, write: bool = Tru
         for t in tensors:
             arr = np.asarray(t.produce(), dtype=t.dtype)  # tobytes() writes C order
             if arr.shape != t.shape:
-                raise CheckpointError(f"tensor {t.name}: produced {arr.shape}, planned {t.shape}")
+                raise HFCheckpointError(f"tensor {t.name}: produced {arr.shape}, planned {t.shape}")
             if f:
                 f.write(arr.tobytes())
     finally:

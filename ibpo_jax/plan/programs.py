@@ -236,7 +236,7 @@ def setup(cfg: RunConfig, mesh: Mesh, microbatches: int, target: str = "cpu") ->
                  microbatches)
 
 
-def _rollout(s: Setup) -> tuple[step.Rollout, Any, packing.Plan, Any]:
+def _rollout(s: Setup) -> tuple[step.Rollout, Any, packing.Packing, Any]:
     """(rollout, key, plan, is_delim): the update's inputs that the sampler and the host make."""
     r, mesh = s.cfg.rollout, s.mesh
     n, p, w = r.prompts_per_step * r.group_size, r.max_prompt_len, r.max_new_tokens
@@ -250,7 +250,7 @@ def _rollout(s: Setup) -> tuple[step.Rollout, Any, packing.Plan, Any]:
         correct=batch((n,), jnp.bool_), ended=batch((n,), jnp.bool_))
     # "packed": at most N model rows (a row each), partitioned a row at a time.
     unit = 1 if s.cfg.update_layout == "packed" else r.group_size
-    plan = packing.Plan(rep((n,), jnp.int32), rep((n,), jnp.int32), n, unit)
+    plan = packing.Packing(rep((n,), jnp.int32), rep((n,), jnp.int32), n, unit)
     key = rep((), jax.eval_shape(lambda: jax.random.key(0)).dtype)
     return rollout, key, plan, rep((s.config.vocab_size,), jnp.bool_)
 

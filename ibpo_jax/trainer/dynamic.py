@@ -6,7 +6,7 @@ System at Scale", arXiv:2503.14476) around the RL step's sampling (issue 45, DES
   sampled, `rollout.max_sampling_rounds` rounds at most, until B mixed groups are found. The
   filter reads the verifier's R, never R + λφ nor any shaped reward: a shaped reward varies
   inside an all-wrong group and would keep groups whose only "signal" is shaping noise.
-  Short of B, filtered groups fill the batch as invalid rows (`Round.valid`): no loss, and
+  Short of B, filtered groups fill the batch as invalid rows (`Sampled.valid`): no loss, and
   no part in the step's batch metrics (reward_mean, accuracy, frac_groups_all_same, φ,
   entropy...: trained rows only), while `groups_*`, `sampling_rounds`,
   `trajectories_sampled` and the budget count every sampled trajectory.
@@ -37,7 +37,7 @@ from ibpo_jax.trainer.credit import Rollout
 ROUND_SALT = 0x445350
 
 
-class Round(NamedTuple):
+class Sampled(NamedTuple):
     """A step's sampled and scored rows: the prompt records and their encoding, the samples on
     the mesh, the rows this process scored with their raw R, correctness, ended-with-EOS and
     verifier reports, every row's response length, the phases' wall times, the trajectories
@@ -57,7 +57,7 @@ class Round(NamedTuple):
     valid: np.ndarray | None = None  # [N] bool: False on the filler groups' rows
 
 
-def sample_scored(trainer: Any, key: jax.Array, params: Any) -> Round:
+def sample_scored(trainer: Any, key: jax.Array, params: Any) -> Sampled:
     """One round: the data sampler's next B prompts, G samples of each with `params` and
     `key`, each process scoring the rows its devices hold."""
     g = trainer.cfg.rollout.group_size
@@ -70,7 +70,7 @@ def sample_scored(trainer: Any, key: jax.Array, params: Any) -> Round:
     reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
                                                   lengths[rows])
     times = {"time_rollout_s": t1 - t0, "time_reward_s": time.perf_counter() - t1}
-    return Round(records, prompts, out, rows, reward, correct, ended, infos, lengths, times,
+    return Sampled(records, prompts, out, rows, reward, correct, ended, infos, lengths, times,
                  len(lengths))
 
 
@@ -105,7 +105,7 @@ def _everywhere(x: np.ndarray, rows: np.ndarray, n: int, mesh: Any) -> np.ndarra
     return sharding.host_array(placed).astype(x.dtype)
 
 
-def collect_rounds(trainer: Any, key: jax.Array, params: Any) -> tuple[Round, dict[str, float]]:
+def collect_rounds(trainer: Any, key: jax.Array, params: Any) -> tuple[Sampled, dict[str, float]]:
     """The step's batch: one round, or with `rollout.dynamic_sampling` as many as it takes to
     find B groups whose raw R is mixed (`max_sampling_rounds` at most), and its metrics."""
     cfg = trainer.cfg.rollout
@@ -130,7 +130,7 @@ def collect_rounds(trainer: Any, key: jax.Array, params: Any) -> tuple[Round, di
     return assemble(trainer, rounds, picks, n_mixed), stats
 
 
-def assemble(trainer: Any, rounds: list[Round], picks: np.ndarray, n_mixed: int) -> Round:
+def assemble(trainer: Any, rounds: list[Sampled], picks: np.ndarray, n_mixed: int) -> Sampled:
     """The rows of the picked groups (`choose_groups`) as one batch of B groups, the same
     shapes every step (one compile): the first n_mixed groups valid, the fillers not."""
     g, mesh = trainer.cfg.rollout.group_size, trainer.mesh
@@ -152,11 +152,11 @@ def assemble(trainer: Any, rounds: list[Round], picks: np.ndarray, n_mixed: int)
     lengths = sharding.host_array(out.lengths)
     infos = _reports(trainer, rounds, src[rows], row[rows], records, rows, tokens, lengths)
     times = {k: sum(r.times[k] for r in rounds) for k in rounds[0].times}
-    return Round(records, prompts, out, rows, *(whole[f][rows] for f in whole), infos, lengths,
+    return Sampled(records, prompts, out, rows, *(whole[f][rows] for f in whole), infos, lengths,
                  times, sum(r.sampled for r in rounds), np.arange(n) < n_mixed * g)
 
 
-def _reports(trainer: Any, rounds: list[Round], src: np.ndarray, row: np.ndarray,
+def _reports(trainer: Any, rounds: list[Sampled], src: np.ndarray, row: np.ndarray,
              records: list[dict], rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray
              ) -> list[dict]:
     """The verifier's reports of this process's rows of the assembled batch (rows [n], from
@@ -185,7 +185,7 @@ def overlong_penalty(*, lengths: np.ndarray, max_new_tokens: int, buffer: int,
     return (-penalty * ramp).astype(np.float32)
 
 
-def shaped_reward(cfg: RunConfig, got: Round, stats: dict[str, float]) -> np.ndarray:
+def shaped_reward(cfg: RunConfig, got: Sampled, stats: dict[str, float]) -> np.ndarray:
     """This process's rows' R [n] as the update sees it: with reward.overlong "soft", plus the
     length penalty (`overlong_penalty`; its mean over the trained rows -> stats). The raw R
     and the correctness (dynamic sampling's filter, φ) are left as they are."""

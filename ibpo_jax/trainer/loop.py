@@ -39,13 +39,13 @@ from ibpo_jax.trainer import workdir as workdir_lib
 from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.logs import RunLog, read_metrics, summary_table
-from ibpo_jax.trainer.state import initial_state, make_optimizer, policy_params
-from ibpo_jax.trainer.tasks import (
+from ibpo_jax.trainer.run_tasks import (
     build_task,  # noqa: F401 - loop.build_task and loop.default_split: evaluate, benchmarks
     build_tokenizer,
     default_split,  # noqa: F401
     train_and_eval_tasks,
 )
+from ibpo_jax.trainer.state import initial_state, make_optimizer, policy_params
 
 
 def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
@@ -73,7 +73,7 @@ class Collected(NamedTuple):
     infos: list[dict]  # their verifier reports
     lengths: np.ndarray  # [N] every row's response length
     rollout: step.Rollout
-    plan: packing.Plan
+    plan: packing.Packing
     times: dict[str, float]  # time_rollout_s, time_reward_s
     sampled: int  # trajectories sampled for it: charged to the budget when a step learns it
     stats: dict[str, float] = {}  # dynamic sampling's and overlong shaping's metrics
@@ -98,11 +98,11 @@ class Trainer:
         self.eval_records = evaluation.problems(cfg, self.eval_task, eval_split)
         # Every process draws the same global batch (same seed, same position), so host
         # arrays are identical everywhere and each process places its own devices' rows.
-        self.sampler = IndexSampler(len(self.train_records), seed=cfg.seed)
+        self.order = IndexSampler(len(self.train_records), seed=cfg.seed)
         self.generate, self.eval_generate = self._samplers()
         self.rollouts = offpolicy_lib.Rollouts(  # where and when the sampler runs
             cfg.rollout, steps=cfg.train.steps, meshes=(self.mesh, self.rollout_mesh),
-            dtype=self.base.options.dtype, sampler=self.generate, data=self.sampler,
+            dtype=self.base.options.dtype, sampler=self.generate, data=self.order,
             collect=self.collect, policy=lambda: self.policy, keys=self.keys)
         self.is_delim = jnp.asarray(self.tokenizer.is_delim)
         self._build_update()
@@ -188,17 +188,17 @@ class Trainer:
         if found is None:
             return None
         last, self.state, meta = found
-        self.sampler.restore(meta["data_position"])
+        self.order.restore(meta["data_position"])
         self.rollouts.restored(meta, lambda: ckpt.arrays(last))  # a pending batch: replayed
         # Checkpoints from before the weighted budget counted B x G per step.
         self.budget = float(meta.get("budget_trajectories",
                                      last * self.cfg.rows_per_step))
-        self.say(f"resumed from {ckpt.directory}/{last} (data position {self.sampler.position})")
+        self.say(f"resumed from {ckpt.directory}/{last} (data position {self.order.position})")
         return last
 
     def save(self, ckpt: Checkpointer, s: int) -> None:
         ckpt.save(s, self.state, *self.rollouts.saved({  # (record, pending batch's arrays)
-            "step": s, "data_position": self.sampler.position,
+            "step": s, "data_position": self.order.position,
             "budget_trajectories": self.budget, "config": self.cfg.to_dict()}))
 
     def evaluate(self, log: RunLog | None = None, step: int = 0) -> dict[str, float]:
@@ -306,9 +306,9 @@ class Trainer:
             jax.block_until_ready(cred)
         return cred, metrics
 
-    def joined(self, rollout: step.Rollout, cred: step.Credit, plan: packing.Plan,
+    def joined(self, rollout: step.Rollout, cred: step.Credit, plan: packing.Packing,
                extra: tuple[rounds.FirstRound, rounds.Round] | None
-               ) -> tuple[step.Rollout, step.Credit, packing.Plan]:
+               ) -> tuple[step.Rollout, step.Credit, packing.Packing]:
         """The update's rows, credit and packing plan: the first round's, then (`extra`) the
         extra round's, credited within its own groups."""
         if extra is None:
@@ -337,7 +337,7 @@ class Trainer:
 
     def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
                    correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray,
-                   valid: np.ndarray | None = None) -> tuple[step.Rollout, packing.Plan]:
+                   valid: np.ndarray | None = None) -> tuple[step.Rollout, packing.Packing]:
         """The sampled batch as the update's `Rollout` on the mesh (the host's scores placed at
         its rows `rows`; `valid` [N], every row's), and its packing plan."""
         g, n = self.cfg.rollout.group_size, len(lengths)
@@ -360,7 +360,7 @@ class Trainer:
         the policy's by default)."""
         cfg, params = self.cfg, self.policy if params is None else params
         records = [self.train_records[int(i)]
-                   for i in self.sampler.next_indices(cfg.rollout.prompts_per_step)]
+                   for i in self.order.next_indices(cfg.rollout.prompts_per_step)]
         prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
                                  cfg.rollout.max_prompt_len)
         # On the rollout mesh, in rollout.sample_chunk calls, back on the training mesh.
@@ -393,7 +393,7 @@ class Trainer:
         out = {k: float(v) for k, v in jax.device_get(out).items()}
         return {**out, "time_pg_var_s": time.perf_counter() - t0}
 
-    def update_tokens_frac(self, plan: packing.Plan, prompt_shape: tuple[int, int],
+    def update_tokens_frac(self, plan: packing.Packing, prompt_shape: tuple[int, int],
                            response_shape: tuple[int, int]) -> float:
         """Token positions the update's model passes run, over those of the rollout's own
         [N, P + R] rows."""
@@ -404,7 +404,7 @@ class Trainer:
 
     def packing_plan(self, prompt_len: np.ndarray, response_len: np.ndarray,
                      prompt_width: int, response_width: int, *,
-                     identity: bool = False) -> packing.Plan:
+                     identity: bool = False) -> packing.Packing:
         """Where the update's model passes put each rollout row (every row's lengths, the
         same on every process), on the mesh; `identity`: whole groups whatever the layout."""
         if self.pack and not identity:

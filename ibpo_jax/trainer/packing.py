@@ -3,7 +3,7 @@ so the forward and backward passes skip most of the padding.
 
 A rollout row i holds prompt_len_i + response_len_i real tokens in a [P + R] row (prompt
 left-padded, response right-padded); in a math RL batch most of the row is padding (responses
-end long before `max_new_tokens`). A `Plan` puts row i in packed row `bin[i]`, starting at
+end long before `max_new_tokens`). A `Packing` puts row i in packed row `bin[i]`, starting at
 column `start[i]`; a packed row holds whole rollout rows, P + R tokens at most, and each row is
 its own segment: attention stays within it and positions restart at 0
 (`models.token_logprobs(segment_ids=...)`), so every log-prob equals the unpacked one.
@@ -33,7 +33,7 @@ BUCKETS = 16  # packed-row counts are multiples of ~N / BUCKETS: at most 16 comp
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Packing:
     """Where each rollout row goes: packed row `bin` [N] int32, first column `start` [N]."""
 
     bin: Array
@@ -42,15 +42,15 @@ class Plan:
     unit: int = dataclasses.field(metadata=dict(static=True))  # packed rows per partition unit
 
 
-def identity(prompt_len: np.ndarray, prompt_width: int, group_size: int) -> Plan:
+def identity(prompt_len: np.ndarray, prompt_width: int, group_size: int) -> Packing:
     """The rollout's own layout: row i alone in packed row i, its prompt ending at column P-1."""
     n = len(prompt_len)
-    return Plan(np.arange(n, dtype=np.int32),
+    return Packing(np.arange(n, dtype=np.int32),
                 (prompt_width - np.asarray(prompt_len)).astype(np.int32), n, group_size)
 
 
 def first_fit(prompt_len: np.ndarray, response_len: np.ndarray, width: int, *,
-              multiple: int) -> Plan:
+              multiple: int) -> Packing:
     """First-fit decreasing: rows by descending length, each into the first packed row with
     room. The row count is rounded up to a multiple of `multiple` (what the minibatch /
     micro-batch split and the mesh need) times ceil(N / (multiple * BUCKETS)), and capped at
@@ -71,16 +71,16 @@ def first_fit(prompt_len: np.ndarray, response_len: np.ndarray, width: int, *,
         free[b] -= lengths[i]
         used = max(used, b + 1)
     step = multiple * math.ceil(n / (multiple * BUCKETS))
-    return Plan(bins, starts, min(-(-used // step) * step, n), 1)
+    return Packing(bins, starts, min(-(-used // step) * step, n), 1)
 
 
-def place(plan: Plan, put) -> Plan:
+def place(plan: Packing, put) -> Packing:
     """The plan with its arrays put on device by `put(np.ndarray) -> Array`."""
     return dataclasses.replace(plan, bin=put(np.asarray(plan.bin, np.int32)),
                                start=put(np.asarray(plan.start, np.int32)))
 
 
-def pack(plan: Plan, prompt: Array, prompt_len: Array, response: Array, response_len: Array
+def pack(plan: Packing, prompt: Array, prompt_len: Array, response: Array, response_len: Array
          ) -> tuple[Array, Array, Array]:
     """The rollout's real tokens in packed rows.
 

@@ -131,7 +131,7 @@ def _live_groups(valid: jax.Array | None, g: int) -> jax.Array | None:
 
 
 def measure(spec: step.StepSpec, state: TrainState, ref_params: Any, rollout: step.Rollout,
-            cred: step.Credit, plan: packing.Plan, is_delim: jax.Array
+            cred: step.Credit, plan: packing.Packing, is_delim: jax.Array
             ) -> dict[str, jax.Array]:
     """DESIGN §3's PG variance of one rollout batch, with the run's λ and with λ = 0.
 

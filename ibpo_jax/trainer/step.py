@@ -13,7 +13,7 @@ the lengths it already has). Rows are prompt-major: row b*G + g is sample g of p
 reshapes to [B, G] groups. The update's model passes run in one of three layouts
 (`StepSpec.layout`, config `optim.layout`): "grouped", each prompt encoded once for its G
 responses (`models.response_logprobs`); "packed", rollout rows packed several to a model row as a
-`packing.Plan` says; "rows", the rollout's own rows. Losses, advantages and diagnostics stay per
+`packing.Packing` says; "rows", the rollout's own rows. Losses, advantages and diagnostics stay per
 rollout row. Shapes: N = B*G rows, P prompt columns (left-padded), R response columns, U
 comparison units, M model rows (packed, or N) of W = P + R columns.
 """
@@ -87,7 +87,7 @@ def _chunk_stats(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array, *,
             get(out.values, b.first - 1), local >= 0)
 
 
-def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, plan: packing.Plan, *,
+def _frozen_stats(spec: StepSpec, params: Any, b: _Batch, plan: packing.Packing, *,
                   entropy: bool = False, values: bool = False):
     """`_chunk_stats` of frozen params (π_ref, π_old) for every rollout row, in sequence over
     chunks the size of one gradient micro-batch (minibatches x microbatches chunks): they
@@ -265,7 +265,7 @@ def _gradients(spec: StepSpec, params: Any, b: _Batch, chunks: jax.Array, frozen
 # the optimizer updates (each guarded against non-finite values), reduce the metrics.
 
 
-def _rows_batch(spec: StepSpec, rollout: Rollout, adv: jax.Array, plan: packing.Plan
+def _rows_batch(spec: StepSpec, rollout: Rollout, adv: jax.Array, plan: packing.Packing
                 ) -> _Batch:
     """The rollout's rows as the update's inputs (packed per `plan` unless "grouped"), with
     advantages `adv`; no model pass yet (old / reference log-probs empty / zeros)."""
@@ -288,7 +288,7 @@ def reward_kl(spec: StepSpec, ref_params: Any, rollout: Rollout) -> jax.Array:
     pass over the rollout's own rows (identity plan) in the update's micro-batch chunks; the
     policy side is the sampler's own log-probs (no policy pass)."""
     n = rollout.prompt.shape[0]
-    plan = packing.Plan(jnp.arange(n, dtype=jnp.int32),
+    plan = packing.Packing(jnp.arange(n, dtype=jnp.int32),
                         (rollout.prompt.shape[1] - rollout.prompt_len).astype(jnp.int32), n,
                         spec.group_size)
     batch = _rows_batch(spec, rollout, jnp.zeros_like(rollout.reward), plan)
@@ -298,7 +298,7 @@ def reward_kl(spec: StepSpec, ref_params: Any, rollout: Rollout) -> jax.Array:
 
 
 def prepare_batch(spec: StepSpec, state: TrainState, ref_params: Any, rollout: Rollout,
-                   cred: Credit, plan: packing.Plan) -> tuple[_Batch, jax.Array | None]:
+                   cred: Credit, plan: packing.Packing) -> tuple[_Batch, jax.Array | None]:
     """The update's inputs per rollout row, with π_ref's log-probs (β > 0) and, when π_old is
     frozen across several updates, its log-probs, values and entropy from one pass up front.
     Returns (batch, π_old's entropy or None)."""
@@ -386,7 +386,7 @@ def _reduce_metrics(upd_metrics: dict, grad_norms: jax.Array, skipped: jax.Array
     return metrics
 
 
-def _drift_metrics(spec: StepSpec, params: Any, batch: _Batch, plan: packing.Plan,
+def _drift_metrics(spec: StepSpec, params: Any, batch: _Batch, plan: packing.Packing,
                    before: jax.Array) -> dict[str, jax.Array]:
     """DESIGN §5: mean Δ log π on shared nodes between π_old (`before` [N, R]) and `params`."""
     after = _frozen_stats(spec, params, batch, plan)[0]
@@ -402,7 +402,7 @@ def _drift_metrics(spec: StepSpec, params: Any, batch: _Batch, plan: packing.Pla
 
 def update(spec: StepSpec, optimizer: optax.GradientTransformation, state: TrainState,
            ref_params: Any, rollout: Rollout, cred: Credit, key: jax.Array,
-           plan: packing.Plan) -> tuple[TrainState, dict[str, jax.Array]]:
+           plan: packing.Packing) -> tuple[TrainState, dict[str, jax.Array]]:
     """Policy updates on one rollout batch (epochs x minibatches optimizer steps), the model
     passes in `spec.layout`: on the model rows `plan` makes ("packed", "rows"), or on whole
     groups ("grouped": `plan` is the identity plan, partition unit G)."""

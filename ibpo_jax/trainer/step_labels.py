@@ -63,7 +63,7 @@ def canonical_ids(texts: Sequence[str], canonical: Callable[[str], str], slots: 
 def label(rollout: Any, got: Any, *, ibpo: IbpoConfig, task: Any, tokenizer: Any,
           mesh: Any) -> Any:
     """`rollout` with what the run's operator reads of its rows (unchanged for the others),
-    from `got` (`dynamic.Round`: this process's rows, their verifier reports, the samples)."""
+    from `got` (`dynamic.Sampled`: this process's rows, their verifier reports, the samples)."""
     needs_truth = ibpo.operator in comparison.NEEDS_TRUTH
     if not needs_truth and ibpo.operator != "peer_steps":
         return rollout

@@ -42,7 +42,8 @@ HISTORY_FILE = "config_history.jsonl"
 # Keys that say where or how a run executes, not what it trains: free to change on resume.
 # (mesh: sharded reductions differ by float rounding only, tests/trainer/test_loop.py.)
 OPERATIONAL_KEYS = frozenset({
-    "train.progress", "train.distributed", "train.heartbeat_s", "train.allow_config_change", "task.data_dir",
+    "train.progress", "train.distributed", "train.heartbeat_s", "train.allow_config_change",
+    "task.data_dir",
     "warm_start.cache_dir", "warm_start.search_path", "reward.num_workers", "mesh.data",
     "mesh.fsdp", "mesh.tensor", "logging.backends", "logging.samples",
     # Extending or re-pacing a run: when it stops, evaluates and checkpoints, not what a step

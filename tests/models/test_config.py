@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 from ibpo_jax import models
-from ibpo_jax.models import ConfigError, ModelOptions, Qwen3Config
+from ibpo_jax.models import ArchitectureError, ModelOptions, Qwen3Config
 
 SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-5,
@@ -37,7 +37,7 @@ def test_transformers_4_spelling_with_top_level_rope_theta(tmp_path):
                {**d, "num_key_value_heads": None}):
         cfg, hf = Qwen3Config.from_hf(d2), transformers.Qwen3Config(**d2)
         assert (cfg.head_dim, cfg.num_key_value_heads) == (hf.head_dim, hf.num_key_value_heads)
-    with pytest.raises(ConfigError, match="num_attention_heads=4 is not a multiple of "
+    with pytest.raises(ArchitectureError, match="num_attention_heads=4 is not a multiple of "
                        "num_key_value_heads=32"):  # HF's default of 32 kv heads does not fit
         Qwen3Config.from_hf({k: v for k, v in d.items() if k != "num_key_value_heads"})
 
@@ -57,15 +57,15 @@ def test_transformers_4_spelling_with_top_level_rope_theta(tmp_path):
     ({"rope_theta": "abc"}, "rope_theta"),
 ])
 def test_unsupported_or_broken_configs_name_the_field(change, field):
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(ArchitectureError, match=field):
         Qwen3Config.from_hf({**SMALL, **change})
 
 
 def test_missing_or_corrupt_config_file(tmp_path):
-    with pytest.raises(ConfigError, match="no HF config"):
+    with pytest.raises(ArchitectureError, match="no HF config"):
         Qwen3Config.from_hf(tmp_path)
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ArchitectureError, match="not valid JSON"):
         Qwen3Config.from_hf(tmp_path)
 
 
@@ -96,12 +96,12 @@ def test_presets_have_the_published_parameter_counts(name):
 def test_options_validation():
     opts = ModelOptions(dtype="bfloat16", param_dtype=jnp.float32)
     assert opts.dtype == jnp.bfloat16 and hash(opts) == hash(ModelOptions(dtype=jnp.bfloat16))
-    with pytest.raises(ConfigError, match="remat"):
+    with pytest.raises(ArchitectureError, match="remat"):
         ModelOptions(remat="everything")
-    with pytest.raises(ConfigError, match="dtype"):
+    with pytest.raises(ArchitectureError, match="dtype"):
         ModelOptions(dtype=jnp.int32)
     assert ModelOptions().attention == "auto"
-    with pytest.raises(ConfigError, match="attention='flash'"):
+    with pytest.raises(ArchitectureError, match="attention='flash'"):
         ModelOptions(attention="flash")
-    with pytest.raises(ConfigError, match="attention_block_kv"):
+    with pytest.raises(ArchitectureError, match="attention_block_kv"):
         ModelOptions(attention_block_kv=0)

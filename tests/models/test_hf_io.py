@@ -17,7 +17,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from ibpo_jax import models, sharding
-from ibpo_jax.models import CheckpointError, ConfigError, hf_io
+from ibpo_jax.models import ArchitectureError, HFCheckpointError, hf_io
 from tests.models.hf_helpers import hf_logits, hf_model, left_padded_batch, saved
 
 
@@ -169,7 +169,8 @@ def _rewrite(path, change):
 def test_missing_tensor_is_named(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     _rewrite(path, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.up_proj\.weight is missing"):
+    with pytest.raises(HFCheckpointError,
+                       match=r"model\.layers\.1\.mlp\.up_proj\.weight is missing"):
         models.load_hf(path)
 
 
@@ -177,7 +178,7 @@ def test_unexpected_tensor_is_named(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     _rewrite(path, lambda t: t.update({"model.layers.0.self_attn.q_proj.bias":
                                        np.zeros(96, np.float32)}))
-    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.self_attn\.q_proj\.bias"):
+    with pytest.raises(HFCheckpointError, match=r"model\.layers\.0\.self_attn\.q_proj\.bias"):
         models.load_hf(path)
 
 
@@ -185,7 +186,7 @@ def test_wrong_shape_from_a_wrong_config_is_named(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "intermediate_size": 100}))
-    with pytest.raises(CheckpointError,
+    with pytest.raises(HFCheckpointError,
                        match=r"model\.layers\.0\.mlp\.(gate|up|down)_proj\.weight has shape"):
         models.load_hf(path)
 
@@ -194,7 +195,7 @@ def test_config_with_more_layers_than_the_checkpoint(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 3}))
-    with pytest.raises(CheckpointError, match=r"model\.layers\.2\.\S+ is missing"):
+    with pytest.raises(HFCheckpointError, match=r"model\.layers\.2\.\S+ is missing"):
         models.load_hf(path)
 
 
@@ -202,10 +203,10 @@ def test_truncated_file_is_named(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     file = path / "model.safetensors"
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
-    with pytest.raises(CheckpointError, match=r"tensor \S+ in .*past the end of the file"):
+    with pytest.raises(HFCheckpointError, match=r"tensor \S+ in .*past the end of the file"):
         models.load_hf(path)
     file.write_bytes(b"\x01")
-    with pytest.raises(CheckpointError, match="truncated"):
+    with pytest.raises(HFCheckpointError, match="truncated"):
         models.load_hf(path)
 
 
@@ -213,10 +214,10 @@ def test_corrupt_index_and_header_entries_are_named(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     index = path / "model.safetensors.index.json"
     index.write_text("{not json")
-    with pytest.raises(CheckpointError, match=r"model\.safetensors\.index\.json: not a "):
+    with pytest.raises(HFCheckpointError, match=r"model\.safetensors\.index\.json: not a "):
         models.load_hf(path)
     index.write_text(json.dumps({"metadata": {}}))  # no weight_map
-    with pytest.raises(CheckpointError, match="weight_map"):
+    with pytest.raises(HFCheckpointError, match="weight_map"):
         models.load_hf(path)
     index.unlink()
     file = path / "model.safetensors"
@@ -227,7 +228,7 @@ def test_corrupt_index_and_header_entries_are_named(tied, tmp_path):
     del header[name]["dtype"]
     body = json.dumps(header, separators=(",", ":")).encode().ljust(n)  # same length
     file.write_bytes(raw[:8] + body + raw[8 + n:])
-    with pytest.raises(CheckpointError, match=rf"tensor {re.escape(name)} in .*lacks a valid"):
+    with pytest.raises(HFCheckpointError, match=rf"tensor {re.escape(name)} in .*lacks a valid"):
         models.load_hf(path)
 
 
@@ -235,7 +236,7 @@ def test_wrong_model_type_is_a_config_error(tied, tmp_path):
     path = _copy(tied[1], tmp_path / "c")
     cfg = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
-    with pytest.raises(ConfigError, match="model_type"):
+    with pytest.raises(ArchitectureError, match="model_type"):
         models.load_hf(path)
 
 
@@ -243,5 +244,5 @@ def test_index_pointing_to_a_missing_shard(untied_sharded, tmp_path):
     path = _copy(untied_sharded[1], tmp_path / "c")
     victim = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))[0]
     os.remove(path / victim)
-    with pytest.raises(CheckpointError, match=victim):
+    with pytest.raises(HFCheckpointError, match=victim):
         models.load_hf(path)

@@ -47,10 +47,10 @@ def test_corrupt_files_raise_checkpoint_errors(tmp_path):
     save_file({"a": np.zeros((8, 8), np.float32)}, str(file))
     data = file.read_bytes()
     file.write_bytes(data[:-4])
-    with pytest.raises(st.CheckpointError, match="tensor a .*past the end"):
+    with pytest.raises(st.HFCheckpointError, match="tensor a .*past the end"):
         st.read_header(str(file))
     file.write_bytes(data[:8] + b"{not json" + data[17:])
-    with pytest.raises(st.CheckpointError, match="corrupt safetensors header"):
+    with pytest.raises(st.HFCheckpointError, match="corrupt safetensors header"):
         st.read_header(str(file))
-    with pytest.raises(st.CheckpointError, match="missing"):
+    with pytest.raises(st.HFCheckpointError, match="missing"):
         st.read_header(str(tmp_path / "nope.safetensors"))

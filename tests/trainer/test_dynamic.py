@@ -39,7 +39,7 @@ def test_overlong_penalty_is_dapo_eq13_by_hand():
 def _round(reward, lengths, valid=None, rows=None):
     n = len(lengths)
     rows = np.arange(n) if rows is None else np.asarray(rows)
-    return dynamic.Round([], None, None, rows, np.asarray(reward, np.float32), None, None, [],
+    return dynamic.Sampled([], None, None, rows, np.asarray(reward, np.float32), None, None, [],
                          np.asarray(lengths), {}, n, valid)
 
 
@@ -240,7 +240,7 @@ def _sampled(r, b, g, width, mesh):
     prompts = dynamic.PromptBatch(np.full((b, 3), r, np.int32), np.full(b, r + 1, np.int32), r)
     records = [{"id": (r, j)} for j in range(b)]
     reward = np.where(np.arange(n) % 2 == 0, 1.0, -1.0).astype(np.float32) * (r + 1)
-    return dynamic.Round(records, prompts, out, np.arange(n), reward, reward > 0,
+    return dynamic.Sampled(records, prompts, out, np.arange(n), reward, reward > 0,
                          np.arange(n) % 3 == 0, [{"row": (r, i)} for i in range(n)],
                          np.arange(n) + 10 * r, {"time_rollout_s": 1.0 + r, "time_reward_s": 0.5},
                          n)
@@ -279,7 +279,7 @@ def test_reports_score_again_only_the_rows_scored_elsewhere():
     # round 0's rows 3 and 1 on this process's rows 0 and 1: row 3's report is scored again.
     g = 2
     trainer = _Trainer(g)
-    r0 = dynamic.Round([], None, None, np.array([0, 1]), None, None, None,
+    r0 = dynamic.Sampled([], None, None, np.array([0, 1]), None, None, None,
                        [{"row": 0}, {"row": 1}], None, {}, 4)
     records = [{"id": "a"}, {"id": "b"}]
     tokens, lengths = np.zeros((2, 3), np.int32), np.array([5, 6, 7, 8])

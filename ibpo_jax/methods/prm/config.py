@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibpo_jax.config_schema import _Section
+from ibpo_jax.config_schema import Section
 
 
 @dataclasses.dataclass(frozen=True)
-class PrmConfig(_Section):
+class PrmConfig(Section):
     KEY = "prm"
     weight: float = 0.0
     """λ_prm of r̃ = R + λ_prm · min_k PRM_k; 0 = no PRM (configs/prm_gspo.py sets it)."""

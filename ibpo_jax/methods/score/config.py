@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibpo_jax.config_schema import _Section
+from ibpo_jax.config_schema import Section
 
 
 @dataclasses.dataclass(frozen=True)
-class ScoreConfig(_Section):
+class ScoreConfig(Section):
     KEY = "score"
     enabled: bool = False
     """SCoRe (DESIGN §7): each response gets a second attempt, prompted with the problem, the

@@ -1,4 +1,4 @@
-"""trainer.tasks: procedural tasks come from one table (no per-task branches), the char
+"""trainer.run_tasks: procedural tasks come from one table (no per-task branches), the char
 tokenizer for them, file tasks need paths, and a one-step smoke run of RL on `countdown`."""
 
 import json
@@ -9,7 +9,7 @@ from ibpo_jax import config
 from ibpo_jax.config import ConfigError
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.registry import TASKS
-from ibpo_jax.trainer import loop, tasks
+from ibpo_jax.trainer import loop, run_tasks
 
 # A small countdown: a 200-problem training split and a short warm start keep it seconds long.
 COUNTDOWN = {"task.name": "countdown", "task.countdown.num_train": 200,
@@ -23,31 +23,31 @@ def _smoke(data_dir, **extra):
 
 
 def test_procedural_tasks_are_registered_tasks_with_a_config_section():
-    assert set(tasks.PROCEDURAL) == {"arith", "countdown"} and set(tasks.PROCEDURAL) <= set(
+    assert set(run_tasks.PROCEDURAL) == {"arith", "countdown"} and set(run_tasks.PROCEDURAL) <= set(
         TASKS.names())
     cfg = config.load("configs/ibpo_gspo.py:countdown")
-    for name, options in tasks.PROCEDURAL.items():
+    for name, options in run_tasks.PROCEDURAL.items():
         kwargs = options(cfg)
         assert kwargs["config"] is not None and hasattr(cfg.task, name)
-    assert tasks.PROCEDURAL["countdown"](cfg)["config"].min_solutions == \
+    assert run_tasks.PROCEDURAL["countdown"](cfg)["config"].min_solutions == \
         cfg.task.countdown.min_solutions
     # loop keeps the names other modules import from it
-    assert loop.build_task is tasks.build_task and loop.default_split is tasks.default_split
+    assert loop.build_task is run_tasks.build_task and loop.default_split is run_tasks.default_split
 
 
 def test_tokenizer_and_file_task_errors(tmp_path):
     cfg = _smoke(tmp_path)
-    assert isinstance(tasks.build_tokenizer(cfg), CharTokenizer)
+    assert isinstance(run_tasks.build_tokenizer(cfg), CharTokenizer)
     file_task = config.load("configs/ibpo_gspo.py:smoke", [("task.name", "math500")])
     with pytest.raises(ConfigError, match="task 'math500' needs a tokenizer"):
-        tasks.build_tokenizer(file_task)
+        run_tasks.build_tokenizer(file_task)
     with pytest.raises(ConfigError, match="task 'math500' reads local files"):
-        tasks.build_task(file_task, CharTokenizer(), "math500", "")
+        run_tasks.build_task(file_task, CharTokenizer(), "math500", "")
 
 
 def test_build_task_follows_the_config_section(tmp_path):
     cfg = _smoke(tmp_path, **{"task.countdown.num_train": 30, "task.countdown.min_solutions": 4})
-    task, eval_task, split = tasks.train_and_eval_tasks(cfg, CharTokenizer())
+    task, eval_task, split = run_tasks.train_and_eval_tasks(cfg, CharTokenizer())
     assert task is eval_task and split == "validation" and task.name == "countdown"
     train = task.split("train")
     assert len(train) == 30
