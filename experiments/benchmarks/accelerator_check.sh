@@ -11,7 +11,8 @@
 #    travel: the image's own python3 and jax run the check.
 # 2. On the lent machine, as the device tool's command with carry [".accel_site"]:
 #      bash experiments/benchmarks/accelerator_check.sh run [accelerator_check.py args]
-#    writes $OUT/accelerator_check.json and $OUT/accelerator_check.log (the table at its end).
+#    writes $OUT/accelerator_agreement.json, $OUT/accelerator_check.json and
+#    $OUT/accelerator_check.log (both tables).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SITE=.accel_site
@@ -57,11 +58,20 @@ run)
   { nvidia-smi -L 2>/dev/null; "$PY" -c "import jax, flax, optax; print('jax', jax.__version__,
     'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"; } \
     2>&1 | tee "$OUT/accelerator_check.log"
-  # The script stops starting steps at --time-limit (default 540 s); the kill is a backstop,
-  # and the JSON is rewritten after every step, so a killed run still returns its figures.
+  # First the kernels' and the sampler's agreement (accelerator_agreement.py, issue 61 item 1),
+  # at most AGREE_TIMEOUT seconds; its verdict is kept for the exit status.
+  timeout -k 5 "${AGREE_TIMEOUT:-120}" "$PY" experiments/benchmarks/accelerator_agreement.py \
+    --out "$OUT/accelerator_agreement.json" 2>&1 | tee -a "$OUT/accelerator_check.log"
+  agreed=${PIPESTATUS[0]}
+  # The check stops starting steps at --time-limit (default 540 s; pass a smaller one to fit
+  # a shorter session); the kill is a backstop, and the JSON is rewritten after every step,
+  # so a killed run still returns its figures.
   timeout -k 5 "${CHECK_TIMEOUT:-585}" "$PY" experiments/benchmarks/accelerator_check.py \
     --out "$OUT/accelerator_check.json" "$@" 2>&1 | tee -a "$OUT/accelerator_check.log"
-  exit "${PIPESTATUS[0]}"
+  checked=${PIPESTATUS[0]}
+  [ "$agreed" -ne 0 ] && echo "accelerator_agreement.py exited $agreed" | tee -a "$OUT/accelerator_check.log"
+  [ "$checked" -ne 0 ] && exit "$checked"
+  exit "$agreed"
   ;;
 *)
   echo "usage: $0 prepare | run [accelerator_check.py args]" >&2
