@@ -29,15 +29,35 @@ indicators, aggregation coefficients); the loss gradient is that divided by den.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax.config import LossConfig as LossSpec  # the loss hyperparameters, one dataclass
 from ibpo_jax.kl import LOG_RATIO_CLAMP, kl_k1, kl_k2, kl_k3, kl_low_var  # noqa: F401
 from ibpo_jax.numerics import entropy, safe_div  # (safe_div also as losses.safe_div)
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
+
+
+class LossSpec(Protocol):
+    """The hyperparameters every loss reads, as one frozen dataclass (hashable: jit takes it
+    as a static argument). The run config's `loss` section (`config_sections.LossConfig`, which
+    documents each field and checks its values) is one; the math does not import the config."""
+
+    name: str  # registry.LOSSES
+    aggregation: str  # registry.AGGREGATIONS
+    clip_eps_low: float | str  # "auto": the loss's own (config_sections.CLIP_EPS)
+    clip_eps_high: float | str
+    beta: float  # KL coefficient
+    kl_estimator: str  # registry.KL_ESTIMATORS
+    norm_const: float
+    value_coef: float  # PPO
+    value_clip: float  # PPO
+    kl_in: str  # "loss" or "reward"
+    tis: str  # "none", "token" or "sequence"
+    tis_cap: float
+    tis_mode: str  # "truncate" or "mask"
+    entropy_coef: float
 
 
 class Stat(NamedTuple):

@@ -17,6 +17,7 @@ the shaped advantages (eq. 5, eqs. 10-11), and the token gradient cancellation d
 import numpy as np
 
 from ibpo_jax import advantages, cancellation, comparison, losses
+from ibpo_jax.config import LossConfig  # a losses.LossSpec with documented, checked fields
 from ibpo_jax.data import arith
 from ibpo_jax.data.tokenizer import CharTokenizer
 
@@ -78,7 +79,7 @@ not cancel (residual > 0); `token_mean` keeps the weights exchangeable (residual
 adv = advantages.group_advantages(R, phi.phi, lam=lam)
 logp = jnp.full((6, T), -1.0)
 for agg in ("seq_mean_token_mean", "token_mean"):
-    spec = losses.LossSpec(name="grpo", aggregation=agg, clip_eps_low=0.2, clip_eps_high=0.2)
+    spec = LossConfig(name="grpo", aggregation=agg, clip_eps_low=0.2, clip_eps_high=0.2)
     w = losses.token_weights(spec, logp=logp, old_logp=logp, adv=adv, mask=mask)
     a_tok = jnp.broadcast_to(adv[:, None], (6, T))
     res = cancellation.cancellation_residual(jnp.asarray(tokens), mask, a_tok, w)

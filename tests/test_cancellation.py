@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ibpo_jax import advantages, cancellation, losses
+from ibpo_jax.config import LossConfig
 from ibpo_jax.registry import TRANSFORMS, UnknownNameError
 
 residual_terms = jax.jit(cancellation.residual_terms, static_argnames="whole_group_only")
@@ -22,7 +23,7 @@ CLIP = {"grpo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}  #
 def loss_spec(name, **kw):
     """The LossSpec of loss `name` with its paper clip range and no KL unless asked."""
     lo, hi = CLIP[name]
-    return losses.LossSpec(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
+    return LossConfig(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
                               "beta": 0.0, **kw})
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 PACKAGE = "ibpo_jax"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 # Math that must not depend on how runs are configured (DESIGN §2-§3).
-KERNELS = ("ibpo_jax.comparison", "ibpo_jax.advantages", "ibpo_jax.numerics")
+KERNELS = ("ibpo_jax.comparison", "ibpo_jax.advantages", "ibpo_jax.numerics", "ibpo_jax.losses",
+           "ibpo_jax.cancellation", "ibpo_jax.kl", "ibpo_jax.units")
 
 
 def module_name(path: Path) -> str:

@@ -11,19 +11,20 @@ import numpy as np
 import pytest
 
 from ibpo_jax import losses
+from ibpo_jax.config import LossConfig
 from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES, UnknownNameError
 
 NAMES = ("grpo", "ppo", "gspo", "gspo_token")
 AGGS = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 # The papers' clip ranges: ε = 0.2 for GRPO / PPO, GSPO's 3e-4 / 4e-4.
 CLIP = {"grpo": (0.2, 0.2), "ppo": (0.2, 0.2), "gspo": (3e-4, 4e-4), "gspo_token": (3e-4, 4e-4)}
-SPEC_FIELDS = {f.name for f in dataclasses.fields(losses.LossSpec)}
+SPEC_FIELDS = {f.name for f in dataclasses.fields(LossConfig)}
 
 
 def make_spec(name, **kw):
     """The LossSpec of loss `name`: its paper clip range, no KL unless asked, and `kw`."""
     lo, hi = CLIP[name]
-    return losses.LossSpec(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
+    return LossConfig(**{"name": name, "clip_eps_low": lo, "clip_eps_high": hi,
                               "beta": 0.0, **kw})
 
 
@@ -504,3 +505,10 @@ def test_entropy_bonus_gradient_sign_and_size():
 def test_loss_knob_checks_name_the_key(key, bad):
     with pytest.raises(ValueError, match=rf"config\.loss\.{key}="):
         make_spec("grpo", **{key: bad})
+
+
+def test_the_config_loss_section_is_a_loss_spec():
+    """losses.LossSpec (a Protocol: the math imports no config) names fields the run config's
+    loss section has, so `config.loss` is what every loss takes."""
+    wanted = set(losses.LossSpec.__annotations__)
+    assert wanted and wanted <= SPEC_FIELDS, wanted - SPEC_FIELDS
