@@ -50,7 +50,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import base_probe
+from experiments import base_probe, prefix_credit_report
+from experiments.prefix_classes import (  # noqa: F401  (also prefix_credit.*: the probe's terms)
+    CLASS_LABELS,
+    CLASSES,
+    CREDIT_LABELS,
+    CREDITS,
+    EDGES,
+    RUNS,
+    SHARE,
+)
 from experiments.prefix_rules import ARITH, Rule, rule_for, truth
 from ibpo_jax import cancellation, config, losses, sharding
 from ibpo_jax.host import cpu_model, git_commit
@@ -59,16 +68,7 @@ from ibpo_jax.trainer.checkpoint import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCHES = 8  # rollout batches per seed and part (arith: 8 x 32 prompts x G 8 = 2,048 responses)
-RUNS = {"GSPO": "gspo", "IBPO-GSPO": "ibpo_gspo"}  # final policies read: label -> algo
-CREDITS = {"gspo": ("gspo", ()), "ibpo_seq": ("ibpo_gspo", ()),  # name -> (algo, overrides)
-           "ibpo_token": ("ibpo_gspo", (("ibpo.credit", "token"),))}
-CREDIT_LABELS = {"gspo": "GSPO", "ibpo_seq": "IBPO (sequence)", "ibpo_token": "IBPO (token)"}
-CLASSES = ("shared", "unshared", "post_error", "correct_only")
-CLASS_LABELS = ("(a) shared right prefix", "(b) unshared right prefix", "(c) post-error",
-                "(d) correct only")
-EDGES = [round(-8 + 0.2 * k, 1) for k in range(81)]  # histogram of net weight (clipped to ±8)
 TOL = 1e-4  # |net| at most this (advantage units) is 0: float32 sums of O(1) terms
-SHARE = 0.8  # concentration: the fewest nodes that carry this share of IBPO's change
 HELD_OUT = 1 << 20  # key offset of held-out batches (apart from the rollout keys 0, 1, ...)
 
 
@@ -399,8 +399,6 @@ def reproduce(*, preset: str, extra: tuple, seeds: int, records_dir: Path, out_d
               ) -> list[Path]:
     """Measures what the records lack (unless not `probe`), then writes prefix_credit.md /
     .json / .png from the records (nothing when there are none)."""
-    from experiments import prefix_credit_report  # (it imports this module's constants)
-
     recs = ensure(preset=preset, extra=extra, seeds=seeds, records_dir=records_dir,
                   runs_dir=runs_dir, batches=batches, probe=probe)
     if not recs:

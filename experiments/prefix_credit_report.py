@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import prefix_credit as probe
+from experiments import prefix_classes as terms
 from experiments import prefix_rules
 
 # The hypothesis holds where its premise does (more than MOST of the wrong responses'
 # right-prefix tokens lie on a node a correct peer shares: elsewhere no peer is there to cancel
 # GSPO's penalty), under GSPO more than MOST of the shared right-prefix nodes already carry net
-# weight >= 0, and probe.SHARE of IBPO's change lies on at most SMALL of the response tokens
+# weight >= 0, and terms.SHARE of IBPO's change lies on at most SMALL of the response tokens
 # (sequence credit, the paper's form).
 MOST, SMALL = 0.5, 0.2
 RULE = (f"The hypothesis's premise: more than {100 * MOST:.0f} % of the wrong responses' "
@@ -24,7 +24,7 @@ RULE = (f"The hypothesis's premise: more than {100 * MOST:.0f} % of the wrong re
         "cancel GSPO's penalty); where it fails, the hypothesis does not hold on the task. "
         "Where it holds, the hypothesis holds where, under GSPO, more than "
         f"{100 * MOST:.0f} % of the shared right-prefix nodes already carry net weight >= 0 "
-        f"and {100 * probe.SHARE:.0f} % of IBPO's change (sequence credit) lies on at most "
+        f"and {100 * terms.SHARE:.0f} % of IBPO's change (sequence credit) lies on at most "
         f"{100 * SMALL:.0f} % of the response tokens. The cut-offs ({MOST} / {SMALL}) were "
         "set after the `arith` data had been seen, and the premise check was added after the "
         "first `countdown` result: descriptive cut-offs, not a test fixed in advance.")
@@ -33,7 +33,7 @@ RULE = (f"The hypothesis's premise: more than {100 * MOST:.0f} % of the wrong re
 def policies(recs: list[dict]) -> dict[str, list[dict]]:
     """The parts of the records by policy: the base, then each final policy's held-out part."""
     out = {"base policy": [r["base_policy"] for r in recs]}
-    for label in probe.RUNS:
+    for label in terms.RUNS:
         if got := [r["trained"][label] for r in recs if r.get("trained")]:
             out[f"{label} final, held out"] = got
     return out
@@ -77,14 +77,14 @@ SHARING = (  # (column, per-part value, percent?)
 CLASS_COLUMNS = ("policy", "node class", "nodes / seed", "members (right ones)",
                  "shared by the whole group (%)", "GSPO: net >= 0 (%)",
                  "GSPO: net >= 0, other nodes (%)", "GSPO: median [q25, q75]", *(
-                     f"{probe.CREDIT_LABELS[c]}: {x}" for c in ("ibpo_seq", "ibpo_token")
+                     f"{terms.CREDIT_LABELS[c]}: {x}" for c in ("ibpo_seq", "ibpo_token")
                      for x in ("net >= 0 (%)", "Σ|Δ| / Σ|GSPO| (%)", "share of all Σ|Δ| (%)")))
 
 
 def _class_rows(name: str, parts: list[dict]) -> list[str]:
     """One row per node class of one policy's parts (cells: mean [95 % interval] over seeds)."""
     rows = []
-    for c, label in zip(probe.CLASSES, probe.CLASS_LABELS):
+    for c, label in zip(terms.CLASSES, terms.CLASS_LABELS):
         es = [p["classes"][c] for p in parts if p["classes"][c]["nodes"]]
         if not es:
             rows.append(f"| {name} | {label} | 0 |" + " — |" * (len(CLASS_COLUMNS) - 3))
@@ -109,7 +109,7 @@ def verdict(parts: list[dict]) -> dict:
     responses' right-prefix tokens a correct peer shares (`premise`: over MOST); `a_ge0`, the
     share of shared right-prefix nodes whose GSPO net weight is >= 0; `b_lt0`, of unshared ones
     whose net weight is < 0; `tokens_<credit>`, the share of response tokens on the fewest nodes
-    carrying probe.SHARE of IBPO's change; `holds` (RULE)."""
+    carrying terms.SHARE of IBPO's change; `holds` (RULE)."""
     mean = lambda f: statistics.mean(f(p) for p in parts)  # noqa: E731
     a = lambda p: p["classes"]["shared"]  # noqa: E731
     b = lambda p: p["classes"]["unshared"]["gspo"]  # noqa: E731
@@ -145,7 +145,7 @@ def _measured(name: str, parts: list[dict], rule: prefix_rules.Rule) -> str:
             f"{texts} per mixed group); under GSPO {100 * v['a_ge0']:.1f} % of the shared "
             f"right-prefix nodes already carry net weight >= 0 ({100 * v['a_whole']:.1f} % of "
             f"them are shared by the whole group; {100 * v['a_partial']:.1f} % of the others "
-            f"carry >= 0); {100 * probe.SHARE:.0f} % of IBPO's change lies on "
+            f"carry >= 0); {100 * terms.SHARE:.0f} % of IBPO's change lies on "
             f"{100 * v['tokens_ibpo_seq']:.1f} % of the response tokens "
             f"({100 * v['nodes_ibpo_seq']:.1f} % of the nodes) with sequence credit, "
             f"{100 * v['tokens_ibpo_token']:.1f} % ({100 * v['nodes_ibpo_token']:.1f} %) with "
@@ -165,7 +165,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
             f"{', '.join(str(t['run_seed']) for t in trained)} (one per probe seed)"
             if trained else "no final GSPO / IBPO-GSPO checkpoints yet: no trained part")
     other = sorted({f"{t[label]['run_base']}" for r in recs if (t := r.get("trained"))
-                    for label in probe.RUNS if t[label]["run_base"] != r["base"]})
+                    for label in terms.RUNS if t[label]["run_base"] != r["base"]})
     if trained:  # the runs must have started from the base the probe samples
         runs += (f"; their base is not the probe's: {', '.join(other)}" if other else
                  ", trained from the same base")
@@ -199,7 +199,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
               f"Code (commit of each record and trained part): {report.code_versions(probes)}.",
               "", f"Hosts: {report.hosts(probes)}.", "", "![prefix_credit](prefix_credit.png)",
               "", f"*Net update weight per node (advantage units, clipped to "
-              f"±{probe.EDGES[-1]:g}), by class, summed over {len(recs)} seed(s): the share of "
+              f"±{terms.EDGES[-1]:g}), by class, summed over {len(recs)} seed(s): the share of "
               "the class's nodes per bin, log scale; GSPO and IBPO on the same trajectories.*"]
     md, js, png = (out_dir / f"prefix_credit.{x}" for x in ("md", "json", "png"))
     md.write_text("\n".join(lines) + "\n")
@@ -217,7 +217,7 @@ def _plot(by_policy: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, classes = list(by_policy), probe.CLASSES[:3]
+    rows, classes = list(by_policy), terms.CLASSES[:3]
     fig, axes = plt.subplots(len(rows), len(classes), figsize=(11, 2.6 * len(rows)),
                              squeeze=False, sharex=True)
     styles = {"gspo": ("black", "-"), "ibpo_seq": ("#0072B2", "--"),
@@ -225,18 +225,18 @@ def _plot(by_policy: dict[str, list[dict]], path: Path) -> None:
     for r, name in enumerate(rows):
         for c, cls in enumerate(classes):
             ax = axes[r][c]
-            for cred in probe.CREDITS:
+            for cred in terms.CREDITS:
                 counts = np.sum([p["hist"][cls][cred] for p in by_policy[name]], axis=0)
                 if counts.sum():
                     color, ls = styles[cred]
-                    ax.stairs(counts / counts.sum(), probe.EDGES, color=color, linestyle=ls,
-                              label=probe.CREDIT_LABELS[cred])
+                    ax.stairs(counts / counts.sum(), terms.EDGES, color=color, linestyle=ls,
+                              label=terms.CREDIT_LABELS[cred])
                 elif cred == "gspo":
                     ax.text(0.5, 0.5, "no nodes", transform=ax.transAxes, ha="center")
             ax.set_yscale("log")
             ax.set_ylim(1e-4, 1.5)
             ax.axvline(0, color="grey", lw=0.5)
-            ax.set_title(f"{name}: {probe.CLASS_LABELS[probe.CLASSES.index(cls)]}", fontsize=8)
+            ax.set_title(f"{name}: {terms.CLASS_LABELS[terms.CLASSES.index(cls)]}", fontsize=8)
             if r == len(rows) - 1:
                 ax.set_xlabel("net weight Σ A·w (advantage units)")
     axes[0][0].set_ylabel("share of the class's nodes")

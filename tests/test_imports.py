@@ -18,13 +18,17 @@ KERNELS = ("ibpo_jax.comparison", "ibpo_jax.advantages", "ibpo_jax.numerics", "i
            "ibpo_jax.cancellation", "ibpo_jax.kl", "ibpo_jax.units")
 
 
+EXPERIMENTS = ROOT.parent / "experiments"
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def modules(*roots: Path) -> dict[str, Path]:
+    """name -> path of every module under `roots` (default: the package)."""
+    return {module_name(p): p for root in roots or (ROOT,) for p in sorted(root.rglob("*.py"))}
 
 
 def _absolute(node: ast.ImportFrom, name: str, is_package: bool) -> str:
@@ -56,8 +60,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = modules()
+def import_graph(*roots: Path) -> dict[str, set[str]]:
+    mods = modules(*roots)
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
 
 
@@ -154,6 +158,17 @@ def test_no_import_circles():
     assert len(graph) > 50 and "ibpo_jax.trainer.spec" in graph["ibpo_jax.trainer.credit"]
     found = cycles(graph)
     assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_no_import_circles_in_the_experiments():
+    """experiments/ (driver, items, probes, reports, benchmarks) with the package below it."""
+    graph = import_graph(ROOT, EXPERIMENTS)
+    assert "experiments.prefix_credit_report" in graph["experiments.prefix_credit"]
+    found = cycles(graph)
+    assert not found, "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+    upward = sorted(m for m in graph if m.startswith(PACKAGE + ".")
+                    and any(i.startswith("experiments") for i in graph[m]))
+    assert not upward, f"the package imports experiments/: {upward}"
 
 
 def test_the_kernels_import_nothing_of_the_config():
