@@ -123,27 +123,30 @@ QWEN3_MATH = {
     "train.steps": 400, "train.eval_every": 50, "train.checkpoint_every": 25,
     "eval.num_prompts": 500, "eval.samples": 8, "eval.temperature": 0.6, "eval.top_p": 0.95,
 }
-# Qwen3 size -> (hardware, devices) each preset is sized for, and (mesh.tensor, micro-batches
-# per update, prompts per sampler call): the plan (`python -m ibpo_jax.plan
-# --config=configs/ibpo_gspo.py:qwen3_<size>_math --hardware=<hardware> --devices=<devices>`)
-# compiles one RL step for it; docs/plan.md has its figures. mesh.fsdp fills the devices.
+# Qwen3 size -> (hardware, devices) each preset is sized for, and (mesh.tensor, rows per batch
+# device in a gradient micro-batch, prompts per sampler call): the plan (`python -m
+# ibpo_jax.plan --config=configs/ibpo_gspo.py:qwen3_<size>_math --hardware=<hardware>
+# --devices=<devices>`) compiles one RL step for it; docs/plan.md has its figures. mesh.fsdp
+# fills the devices. The rows per device (optim.micro_batch_rows) give the micro-batch count
+# on the named hardware (128 prompts x G 8 = 1,024 rows an update), and a valid one when a
+# user shrinks the batch (e.g. 4 prompts: one micro-batch).
 #
-# | preset           | hardware            | tensor | micro-batches | sample_chunk |
-# |------------------|---------------------|--------|---------------|--------------|
-# | qwen3_0.6b_math  | 1 x H100 80 GB      | 1      | 64            | 4            |
-# | qwen3_1.7b_math  | 1 x H100 80 GB      | 1      | 128           | 2            |
-# | qwen3_4b_math    | 8 x H100 80 GB      | 1      | 16            | 8            |
-# | qwen3_8b_math    | 8 x H100 80 GB      | 1      | 32            | 8            |
-# | qwen3_14b_math   | 8 x A100 80 GB      | 2      | 128           | 2            |
-# | qwen3_32b_math   | 32 x A100 80 GB     | 4      | 128           | 4            |
+# | preset           | hardware            | tensor | rows / device | micro-batches | chunk |
+# |------------------|---------------------|--------|---------------|---------------|-------|
+# | qwen3_0.6b_math  | 1 x H100 80 GB      | 1      | 16            | 64            | 4     |
+# | qwen3_1.7b_math  | 1 x H100 80 GB      | 1      | 8             | 128           | 2     |
+# | qwen3_4b_math    | 8 x H100 80 GB      | 1      | 8             | 16            | 8     |
+# | qwen3_8b_math    | 8 x H100 80 GB      | 1      | 4             | 32            | 8     |
+# | qwen3_14b_math   | 8 x A100 80 GB      | 2      | 2             | 128           | 2     |
+# | qwen3_32b_math   | 32 x A100 80 GB     | 4      | 1             | 128           | 4     |
 #
 # 32B does not fit 8 x 80 GB: fp32 weights, Adam moments, gradients and their accumulator
 # alone are 16 bytes per parameter, 65 GB per device over 8 (the plan: the update needs 163 GiB
 # per device); 32 x 80 GB is the smallest count planned that fits (docs/plan.md).
 QWEN3_HARDWARE = {"0.6b": ("h100", 1), "1.7b": ("h100", 1), "4b": ("h100", 8),
                   "8b": ("h100", 8), "14b": ("a100", 8), "32b": ("a100", 32)}
-_QWEN3_SIZES = {"0.6b": (1, 64, 4), "1.7b": (1, 128, 2), "4b": (1, 16, 8), "8b": (1, 32, 8),
-                "14b": (2, 128, 2), "32b": (4, 128, 4)}
+_QWEN3_SIZES = {"0.6b": (1, 16, 4), "1.7b": (1, 8, 2), "4b": (1, 8, 8), "8b": (1, 4, 8),
+                "14b": (2, 2, 2), "32b": (4, 1, 4)}
 
 # Settings of one algorithm under one preset, applied last. SCoRe on arith_tiny: 50 steps of
 # 32 prompts x G 8 x 2 attempts = 25,600 trajectories (GSPO's 100 steps, Table 1's budget),
@@ -163,9 +166,9 @@ PRESETS = {
     "smoke": SMOKE,
     "local": LOCAL,
     **{f"qwen3_{size}_math": {**QWEN3_MATH, "model.preset": f"qwen3-{size}",
-                              "mesh.tensor": tensor, "optim.microbatches": microbatches,
+                              "mesh.tensor": tensor, "optim.micro_batch_rows": rows,
                               "rollout.sample_chunk": chunk}
-       for size, (tensor, microbatches, chunk) in _QWEN3_SIZES.items()},
+       for size, (tensor, rows, chunk) in _QWEN3_SIZES.items()},
 }
 
 

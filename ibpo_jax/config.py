@@ -116,8 +116,9 @@ class RunConfig(Section):
                               ">= 2 for a comparison operator")
         # Whole groups per micro-batch ("grouped" and "rows" layouts; cancellation transforms
         # need them); packed rows split the same way.
-        # "auto" micro-batches are resolved to a divisor at start-up (ibpo_jax.plan).
-        auto = self.optim.microbatches == "auto"
+        # "auto" micro-batches, and those of micro_batch_rows, are resolved to a divisor at
+        # start-up (ibpo_jax.plan).
+        auto = self.optim.microbatches == "auto" or self.optim.micro_batch_rows > 0
         chunks = self.optim.minibatches * (1 if auto else self.optim.microbatches)
         if self.rollout.prompts_per_step % chunks:
             what = "config.optim.minibatches" if auto else \

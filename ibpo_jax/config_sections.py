@@ -361,7 +361,13 @@ class OptimConfig(Section):
     microbatches: int | str = 1
     """Gradient-accumulation chunks per minibatch, or "auto": the smallest count whose update
     fits the devices' memory, resolved at start-up by `ibpo_jax.plan` (1 at once when a
-    DESIGN §9 estimate of one chunk is far below the memory)."""
+    DESIGN §9 estimate of one chunk is far below the memory). Or set micro_batch_rows."""
+    micro_batch_rows: int = 0
+    """> 0: rows (responses) per batch device in one gradient micro-batch, as verl's
+    ppo_micro_batch_size_per_gpu and TRL's per_device_train_batch_size count it; the count is
+    then the fewest whole-group micro-batches that hold no more than this on each of the mesh's
+    data x fsdp devices (`plan.rows_microbatches`), so a preset stays valid when the batch
+    shrinks. 0: optim.microbatches decides."""
     layout: str = "grouped"
     """How the update's model passes see the rollout (same log-probs in each): "grouped",
     each prompt encoded once for its G responses; "packed", rollout rows packed several to a
@@ -377,6 +383,10 @@ class OptimConfig(Section):
         mb = self.microbatches
         self._require("microbatches", mb == "auto" or (isinstance(mb, int) and mb > 0),
                       'must be > 0 or "auto"')
+        self._nonneg("micro_batch_rows")
+        self._require("micro_batch_rows", not self.micro_batch_rows or mb == 1,
+                      f"config.optim.microbatches={mb!r} sets the micro-batches too: set one "
+                      "(config.optim.micro_batch_rows=0 for microbatches)")
         self._one_of("layout", ("grouped", "packed", "rows"))
 
 

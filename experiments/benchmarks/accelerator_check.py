@@ -72,21 +72,14 @@ _TINY = (("model.preset", "tiny"), ("model.tiny.hidden_size", "64"),
 
 
 def run_config(tiny: bool, prompts: int, extra: list[tuple[str, str]]) -> config_lib.RunConfig:
-    """The preset on one device with `prompts` prompts per step: the micro-batches keep the
-    preset's rows per micro-batch (the update's shapes), and the prompts are sampled in one
-    call when fewer than the preset's sampler chunk."""
-    preset = config_lib.load(f"{REPO}/{CONFIG}")
-    r, micro = preset.rollout, preset.optim.microbatches
+    """The preset on one device with `prompts` prompts per step: its micro-batches keep the
+    preset's rows per device (optim.micro_batch_rows: the update's shapes), and the prompts are
+    sampled in one call when fewer than the preset's sampler chunk."""
+    r = config_lib.load(f"{REPO}/{CONFIG}").rollout
     chunk = r.sample_chunk if r.sample_chunk and prompts % r.sample_chunk == 0 else 0
-    scaled = []
-    if isinstance(micro, int):
-        rows_per_micro = r.prompts_per_step * r.group_size // (micro * preset.optim.minibatches)
-        per_update = prompts * r.group_size // preset.optim.minibatches
-        scaled.append(("optim.microbatches", str(max(1, per_update // max(1, rows_per_micro)))))
     return config_lib.load(f"{REPO}/{CONFIG}", [*_ONE_DEVICE, *(_TINY if tiny else ()),
                                                 ("rollout.prompts_per_step", str(prompts)),
-                                                ("rollout.sample_chunk", str(chunk)),
-                                                *scaled, *extra])
+                                                ("rollout.sample_chunk", str(chunk)), *extra])
 
 
 def resolve_chip(kind: str, name: str | None) -> tuple[chips.Chip | None, str]:
@@ -376,6 +369,7 @@ def metadata(args: argparse.Namespace, extra: list, cfg: config_lib.RunConfig,
               "max_prompt_len": cfg.rollout.max_prompt_len,
               "max_new_tokens": cfg.rollout.max_new_tokens,
               "microbatches": cfg.optim.microbatches, "layout": cfg.update_layout,
+              "micro_batch_rows": cfg.optim.micro_batch_rows,
               "attention": getattr(cfg.model, "attention", None), "remat": cfg.model.remat,
               "dtype": cfg.model.dtype, "param_dtype": cfg.model.param_dtype}
     note = (f"prompts per step {cfg.rollout.prompts_per_step} of the preset's "

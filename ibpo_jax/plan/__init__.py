@@ -81,8 +81,8 @@ def _search_update(cfg: Any, mesh: Any, capacity: int, start: int, *, target: st
     choices = [m for m in microbatch_choices(cfg, mesh.shape["data"] * mesh.shape["fsdp"])
                if m >= start]
     if not choices:  # already at the most micro-batches the batch allows
-        return None, None, programs.setup(cfg, mesh, cfg.optim.microbatches
-                                          if cfg.optim.microbatches != "auto" else start,
+        given = configured_microbatches(cfg, mesh)
+        return None, None, programs.setup(cfg, mesh, given if given != "auto" else start,
                                           target)
     lo, hi = 0, len(choices) - 1
     tried, credit = {}, []  # φ's output, compiled once: the same for every count
@@ -114,12 +114,33 @@ def _search_update(cfg: Any, mesh: Any, capacity: int, start: int, *, target: st
     return best
 
 
+def rows_microbatches(cfg: Any, batch_devices: int) -> int:
+    """The micro-batch count of optim.micro_batch_rows: the fewest allowed (whole groups,
+    `microbatch_choices`) whose micro-batch puts at most that many rows on each of the
+    `batch_devices` (data x fsdp); the most allowed when even that puts more."""
+    r, o = cfg.rollout, cfg.optim
+    rows = r.prompts_per_step * r.group_size // o.minibatches
+    choices = sorted(microbatch_choices(cfg, batch_devices))
+    fits = [m for m in choices if -(-rows // (m * batch_devices)) <= o.micro_batch_rows]
+    return fits[0] if fits else choices[-1]
+
+
+def configured_microbatches(cfg: Any, mesh: Any) -> int | str:
+    """The micro-batch count the config asks for on `mesh`: optim.micro_batch_rows' count
+    (`rows_microbatches`), else optim.microbatches (an int or "auto")."""
+    if cfg.optim.micro_batch_rows:
+        return rows_microbatches(cfg, mesh.shape["data"] * mesh.shape["fsdp"])
+    return cfg.optim.microbatches
+
+
 def resolve_microbatches(cfg: Any, mesh: Any, capacity: int, *, target: str = "cpu",
                          log=None) -> int:
-    """optim.microbatches as an int: itself, or for "auto" the smallest count whose update
-    fits `capacity` bytes per device on `mesh` (the largest allowed when none does)."""
-    if cfg.optim.microbatches != "auto":
-        return cfg.optim.microbatches
+    """The micro-batch count as an int: the configured one (`configured_microbatches`), or for
+    "auto" the smallest count whose update fits `capacity` bytes per device on `mesh` (the
+    largest allowed when none does)."""
+    given = configured_microbatches(cfg, mesh)
+    if given != "auto":
+        return given
     m, _, s = _search_update(cfg, mesh, capacity, 1, target=target, log=log)
     return m if m is not None else s.microbatches
 
@@ -148,11 +169,13 @@ def host_capacity(devices: int) -> int:
 
 
 def trainer_microbatches(cfg: Any, mesh: Any, *, log=None) -> int:
-    """What the trainer runs for optim.microbatches: the int given, or "auto" resolved on the
-    run's own devices. Cheap for small configs: DESIGN §9's estimate of the update with one
-    micro-batch, when under a quarter of the memory, settles it without compiling."""
-    if cfg.optim.microbatches != "auto":
-        return cfg.optim.microbatches
+    """What the trainer runs: the configured count (`configured_microbatches`), or "auto"
+    resolved on the run's own devices. Cheap for small configs: DESIGN §9's estimate of the
+    update with one micro-batch, when under a quarter of the memory, settles it without
+    compiling."""
+    given = configured_microbatches(cfg, mesh)
+    if given != "auto":
+        return given
     from ibpo_jax.plan import flops as flops_lib
     from ibpo_jax.plan import programs
 
@@ -282,7 +305,7 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
 
     n_dev = mesh.devices.size
     capacity = _capacity(chip)
-    mb, target = cfg.optim.microbatches, chip.platform
+    mb, target = configured_microbatches(cfg, mesh), chip.platform
     if mb == "auto":
         found, upd, s = _search_update(cfg, mesh, capacity, 1, target=target, log=log)
         mb = found if found is not None else s.microbatches

@@ -227,7 +227,7 @@ def setup(cfg: RunConfig, mesh: Mesh, microbatches: int, target: str = "cpu") ->
         reference, params = params, lora.merge(params, trained)
     else:
         trained, reference = params, _reference(params, options, mesh)
-    optim = dataclasses.replace(cfg.optim, microbatches=microbatches)
+    optim = dataclasses.replace(cfg.optim, microbatches=microbatches, micro_batch_rows=0)
     optimizer = make_optimizer(optim, total_updates=cfg.train.steps * optim.epochs
                                * optim.minibatches)
     opt_state = _like_params(jax.eval_shape(optimizer.init, trained), trained, mesh)

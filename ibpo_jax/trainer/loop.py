@@ -127,8 +127,8 @@ class Trainer:
             (self.workdir / "base.json").write_text(json.dumps(
                 policy.base_identity(cfg, self.tokenizer.vocab_size)) + "\n")
         self.spec = step.StepSpec.from_config(cfg, self.base.config, self.base.options)
-        if cfg.optim.microbatches == "auto":  # the smallest count whose update fits
-            self.say(f"optim.microbatches=auto -> {mb}")
+        if mb != cfg.optim.microbatches:  # "auto", or micro_batch_rows: resolved here
+            self.say(f"micro-batches per update: {mb}")
             self.spec = self.spec.with_optim(microbatches=mb)
         total_updates = cfg.train.steps * cfg.optim.epochs * cfg.optim.minibatches
         self.optimizer = make_optimizer(cfg.optim, total_updates=total_updates)

@@ -41,7 +41,10 @@ class StepSpec:
                    logits_chunk=cfg.model.logits_chunk)
 
     def with_optim(self, **changes: Any) -> StepSpec:
-        """This spec with some optim fields changed (e.g. microbatches)."""
+        """This spec with some optim fields changed (e.g. microbatches: the resolved count,
+        which then stands for optim.micro_batch_rows too)."""
+        if "microbatches" in changes:
+            changes.setdefault("micro_batch_rows", 0)
         return dataclasses.replace(self, optim=dataclasses.replace(self.optim, **changes))
 
     @property

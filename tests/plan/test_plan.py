@@ -154,3 +154,26 @@ def test_a_cpu_run_that_will_not_fit_the_host_is_refused_naming_the_figures(monk
     from ibpo_jax import cli
 
     assert isinstance(refused.value, cli.user_errors())  # one line from the entry points
+
+
+def test_rows_per_device_give_each_preset_its_count_and_a_shrunk_batch_a_valid_one():
+    """issue 58 item 6: the presets count micro-batches by rows per batch device (verl's and
+    TRL's convention): on their named hardware that is the count they were sized with, and
+    `qwen3_0.6b_math` with 4 prompts (which stopped with "minibatches x microbatches = 64
+    must divide prompts_per_step = 4") loads and takes the fewest micro-batches that hold 16
+    rows a device."""
+    from ibpo_jax import plan
+
+    sized = {"0.6b": (1, 64), "1.7b": (1, 128), "4b": (8, 16), "8b": (8, 32),
+             "14b": (4, 128), "32b": (8, 128)}  # batch devices (data x fsdp), micro-batches
+    for size, (batch_devices, count) in sized.items():
+        cfg = config.load(f"configs/ibpo_gspo.py:qwen3_{size}_math")
+        assert plan.rows_microbatches(cfg, batch_devices) == count, size
+    for prompts, g, want in ((4, 4, 1), (4, 8, 2), (1, 8, 1)):
+        small = config.load("configs/ibpo_gspo.py:qwen3_0.6b_math",
+                            [("rollout.prompts_per_step", str(prompts)),
+                             ("rollout.group_size", str(g)), ("rollout.sample_chunk", "0")])
+        assert plan.rows_microbatches(small, 1) == want
+    with pytest.raises(config.ConfigError, match="micro_batch_rows=16: config.optim."
+                       "microbatches=4 sets the micro-batches too"):
+        config.load("configs/ibpo_gspo.py:qwen3_0.6b_math", [("optim.microbatches", "4")])
