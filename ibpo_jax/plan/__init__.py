@@ -125,6 +125,16 @@ def rows_microbatches(cfg: Any, batch_devices: int) -> int:
     return fits[0] if fits else choices[-1]
 
 
+def microbatches_knob(cfg: Any, mesh: Any, count: int) -> str:
+    """The override that sets `count` micro-batches, in the config's own terms: rows per
+    batch device when it counts micro-batches so (optim.micro_batch_rows), else the count."""
+    if not cfg.optim.micro_batch_rows:
+        return f"--config.optim.microbatches={count}"
+    r, batch = cfg.rollout, mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = r.prompts_per_step * r.group_size // cfg.optim.minibatches
+    return f"--config.optim.micro_batch_rows={max(1, -(-rows // (count * batch)))}"
+
+
 def configured_microbatches(cfg: Any, mesh: Any) -> int | str:
     """The micro-batch count the config asks for on `mesh`: optim.micro_batch_rows' count
     (`rows_microbatches`), else optim.microbatches (an int or "auto")."""
@@ -233,13 +243,13 @@ def check_host_memory(cfg: Any, mesh: Any, microbatches: int) -> None:
     if need <= available:
         return
     m, _, _ = _search_update(cfg, mesh, available // local - copy, microbatches + 1)
-    fix = (f"set --config.optim.microbatches={m} (or more)" if m is not None else
-           "train LoRA adapters (--config.model.lora.rank), or on a host with more memory")
+    fix = (f"set {microbatches_knob(cfg, mesh, m)} (or more micro-batches)" if m is not None
+           else "train LoRA adapters (--config.model.lora.rank), or on a host with more memory")
     raise HostMemoryError(
         f"this run needs about {need / GIB:.1f} GiB of host memory, {available / GIB:.1f} GiB "
         f"are available: the update's peak {peak / GIB:.2f} GiB per device x {local} "
-        f"device(s) (optim.microbatches={microbatches}) and a checkpoint's host copy of the "
-        f"train state, {copy / GIB:.2f} GiB per device; {fix}")
+        f"device(s) ({microbatches} micro-batch{'es' if microbatches > 1 else ''}) and a "
+        f"checkpoint's host copy of the train state, {copy / GIB:.2f} GiB per device; {fix}")
 
 
 def _analytic(cfg: Any, config: Any, options: Any, mesh: Any, microbatches: int,
@@ -423,14 +433,14 @@ def not_fitting(cfg: Any, mesh: Any, worst: dict, capacity: int, s: Any, target:
         m, _, _ = _search_update(cfg, mesh, capacity, s.microbatches + 1, target=target,
                                  log=log)
         if m is not None:
-            return f"{head}: set --config.optim.microbatches={m} (or more)"
+            return f"{head}: set {microbatches_knob(cfg, mesh, m)} (or more micro-batches)"
         if cfg.model.remat != "full":
             full = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat="full"))
             m, _, _ = _search_update(full, mesh, capacity, s.microbatches, target=target,
                                      log=log)
             if m is not None:
                 return (f"{head}: set --config.model.remat=full "
-                        f"--config.optim.microbatches={m}")
+                        f"{microbatches_knob(cfg, mesh, m)}")
     devices, tensor = mesh.devices.size, mesh.shape["tensor"]
     if name in SAMPLER_PROGRAMS + ("decode: grow cache",):
         # The sampler's weights are whole on each batch replica: only `tensor` splits them

@@ -37,7 +37,7 @@ from typing import NoReturn
 
 from ibpo_jax import cli
 
-ENV = "IBPO_RUNTIME_LOG"  # set in the child: where its file descriptor 2 goes
+ENV = "IBPO_RUNTIME_LOG"  # set in the child: where its file descriptors 1 and 2 go
 EXIT_LOST = cli.EXIT_LOST
 MARK = "ibpo: process "  # the child's own line in its log: "ibpo: process I of N"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)

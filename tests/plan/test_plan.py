@@ -148,7 +148,7 @@ def test_a_cpu_run_that_will_not_fit_the_host_is_refused_naming_the_figures(monk
     line = str(refused.value)
     assert "\n" not in line and line.startswith("this run needs about ")
     assert "0.0 GiB are available: the update's peak " in line
-    assert "(optim.microbatches=1) and a checkpoint's host copy of the train state" in line
+    assert "(1 micro-batch) and a checkpoint's host copy of the train state" in line
     assert line.endswith("train LoRA adapters (--config.model.lora.rank), or on a host with "
                          "more memory")
     from ibpo_jax import cli
