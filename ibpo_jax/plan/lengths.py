@@ -14,8 +14,10 @@ call, `sample_chunk` x G):
   decoding carry over into the next step (partial rollouts): the mean over a run in steady
   state (`PARTIAL_STEPS` steps, the first left out).
 
-A slot-step is one slot for one decode step; the wasted ones decode no token of any response
-(a finished row's slot while its call runs on). Lengths come from `paper_mix` (stated below) or
+Every row's first token comes from its prompt's prefill, as in the sampler; decode steps and
+slot-steps count the decode loop's, which makes the other `length - 1` tokens of each row. A
+slot-step is one slot for one decode step; the wasted ones decode no token of any response (a
+finished row's slot while its call runs on). Lengths come from `paper_mix` (stated below) or
 `from_metrics` (a run's `metrics.jsonl`); decode time is decode steps times the plan's roofline
 time of one decode step with every slot busy (decode is bound by reading the weights).
 """
@@ -106,19 +108,19 @@ def today(lengths: np.ndarray, slots: int, max_new_tokens: int, compact: bool) -
     from ibpo_jax.models import kv_cache
 
     steps = row_steps = 0
-    for i in range(0, len(lengths), slots):  # prefill's token, then the decode loop's steps
+    for i in range(0, len(lengths), slots):
         call = lengths[i:i + slots]
         rs, st = kv_cache.row_steps(call, max_new_tokens, compact=compact,
                                     every=sampling.COMPACT_EVERY, ended=call < max_new_tokens)
-        steps += st + 1
-        row_steps += len(call) + (rs if compact else len(call) * st)
-    return _counts(steps, slots, row_steps, int(lengths.sum()))
+        steps += st
+        row_steps += rs if compact else len(call) * st
+    return _counts(steps, slots, row_steps, int((lengths - 1).sum()))
 
 
 def refill(lengths: np.ndarray, slots: int) -> dict:
     """Every slot busy within the step (rows queued in order)."""
-    _, end = _refill(lengths, slots)
-    tokens = int(lengths.sum())
+    _, end = _refill(lengths - 1, slots)
+    tokens = int((lengths - 1).sum())
     return _counts(int(end.max(initial=0)), slots, tokens, tokens)
 
 
@@ -127,9 +129,9 @@ def partial(lengths: np.ndarray, slots: int, steps: int = PARTIAL_STEPS) -> dict
     of these lengths as long as the step runs (the next prompts start early), and the step
     ends once len(lengths) responses are finished; rows still decoding carry over, fresh rows
     not yet started wait for the next step. Mean per step over steps 2..`steps`."""
-    batch, carried, per_step = len(lengths), np.zeros(0, int), []
+    batch, carried, per_step, work = len(lengths), np.zeros(0, int), [], lengths - 1
     for _ in range(steps):
-        queue = np.concatenate([carried, lengths, lengths])  # more than the step can start
+        queue = np.concatenate([carried, work, work])  # more than the step can start
         start, end = _refill(queue, slots)
         stop = int(np.sort(end)[batch - 1])  # the step's batch is full
         running = (start < stop) & (end > stop)
@@ -189,13 +191,11 @@ def step_times(source: str, lengths: np.ndarray, cfg: Any, decode_step_s: float,
     from ibpo_jax import sampling
 
     r = cfg.rollout
-    n, rows = r.max_new_tokens, len(lengths)
+    n = r.max_new_tokens
     slots = (r.sample_chunk or r.prompts_per_step) * r.group_size
     out = schedules(lengths, slots, n, compact=n >= sampling.COMPACT_MIN_NEW_TOKENS)
-    calls = -(-rows // slots)  # the first token of each call is prefill's
-    for name, counts in out.items():
-        loop = counts["decode_steps"] - (calls if name == "today" else 0)
-        counts["decode_s"] = loop * decode_step_s
+    for counts in out.values():
+        counts["decode_s"] = counts["decode_steps"] * decode_step_s
         counts["step_s"] = step_s - decode_runs * decode_step_s + counts["decode_s"]
     return {"source": describe(source), "slots": slots, "mean_length": float(lengths.mean()),
             "at_limit": float(np.mean(lengths >= n)), "worst_case_decode_steps": decode_runs,

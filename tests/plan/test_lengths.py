@@ -11,18 +11,19 @@ from ibpo_jax.plan import lengths
 
 
 def test_hand_worked_schedules_of_four_rows_on_two_slots():
-    """Rows of 4, 1, 1, 1 tokens on 2 slots. Today: calls [4, 1] then [1, 1], each as long as
-    its longest row: 4 + 1 = 5 steps, 10 slot-steps for 7 tokens. Refill: one slot decodes
-    the 4-token row while the other takes the three 1-token rows in turn: 4 steps, 1 wasted."""
-    x = np.array([4, 1, 1, 1])
+    """Rows of 4, 2, 2, 2 tokens on 2 slots; each row's first token is its prefill's, so the
+    decode loop makes 3, 1, 1, 1. Today: calls [4, 2] then [2, 2], each as long as its longest
+    row: 3 + 1 = 4 decode steps, 8 slot-steps for 6 tokens. Refill: one slot decodes the long
+    row while the other takes the three short ones in turn: 3 steps, none wasted."""
+    x = np.array([4, 2, 2, 2])
     today = lengths.today(x, 2, 16, compact=False)
     assert (today["decode_steps"], today["slot_steps"], today["tokens"],
-            today["wasted_slot_steps"]) == (5, 10, 7, 3)
-    assert today["row_steps"] == 10  # no compaction: every slot runs every step
+            today["wasted_slot_steps"]) == (4, 8, 6, 2)
+    assert today["row_steps"] == 8  # no compaction: every slot runs every step
     refill = lengths.refill(x, 2)
-    assert (refill["decode_steps"], refill["wasted_slot_steps"]) == (4, 1)
-    start, end = lengths._refill(x, 2)
-    assert start.tolist() == [0, 0, 1, 2] and end.tolist() == [4, 1, 2, 3]
+    assert (refill["decode_steps"], refill["wasted_slot_steps"]) == (3, 0)
+    start, end = lengths._refill(x - 1, 2)
+    assert start.tolist() == [0, 0, 1, 2] and end.tolist() == [3, 1, 2, 3]
 
 
 def test_partial_rollouts_never_wait_for_the_longest_row():
@@ -31,10 +32,10 @@ def test_partial_rollouts_never_wait_for_the_longest_row():
     rows over, decoding about as many tokens per step as a batch holds."""
     x = lengths.paper_mix(256, 1024)
     out = lengths.schedules(x, 256, 1024, compact=False)
-    assert out["today"]["decode_steps"] == out["refill"]["decode_steps"] == 1024
+    assert out["today"]["decode_steps"] == out["refill"]["decode_steps"] == 1023
     assert out["partial"]["decode_steps"] < 0.6 * 1024
     assert out["partial"]["wasted_slot_steps"] == 0
-    assert out["partial"]["tokens"] == pytest.approx(x.sum(), rel=0.1)
+    assert out["partial"]["tokens"] == pytest.approx((x - 1).sum(), rel=0.1)
     few = lengths.schedules(x, 32, 1024, compact=False)  # 8 calls of 32 rows
     assert few["partial"]["decode_steps"] <= few["refill"]["decode_steps"] \
         < 0.6 * few["today"]["decode_steps"]
@@ -67,10 +68,36 @@ def test_step_time_swaps_the_worst_case_decode_for_each_schedule(tmp_path):
     assert len(x) == r.prompts_per_step * r.group_size
     out = lengths.step_times("paper", x, cfg, decode_step_s=0.5, decode_runs=100.0, step_s=60.0)
     assert out["slots"] == (r.sample_chunk or r.prompts_per_step) * r.group_size
-    for name, c in out["schedules"].items():
-        loop = c["decode_steps"] - (-(-len(x) // out["slots"]) if name == "today" else 0)
-        assert c["step_s"] == pytest.approx(60.0 - 50.0 + 0.5 * loop)
+    for c in out["schedules"].values():
+        assert c["step_s"] == pytest.approx(60.0 - 50.0 + 0.5 * c["decode_steps"])
     for source, message in (("uniform", "expected paper, max or metrics:PATH"),
                             (f"metrics:{tmp_path}/none.jsonl", "No such file")):
         with pytest.raises(ValueError, match=message):
             lengths.load(source, cfg)
+
+
+def test_the_plan_prints_the_step_under_the_lengths_and_max_leaves_it_out():
+    """`python -m ibpo_jax.plan ... --lengths=...` on the smoke config: the JSON's lengths
+    section (refill and partial never slower than today, today never slower than the worst
+    case) and the table's three rows; --lengths=max prints the worst case only."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    cmd = [sys.executable, "-m", "ibpo_jax.plan", "--config=configs/ibpo_gspo.py:smoke",
+           "--hardware=h100", "--devices=1"]
+    out = json.loads(subprocess.run([*cmd, "--json"], cwd=root, env=env, check=True,
+                                    capture_output=True, text=True, timeout=600).stdout)
+    s = out["lengths"]["schedules"]
+    assert s["partial"]["step_s"] <= s["refill"]["step_s"] <= s["today"]["step_s"] \
+        <= out["predicted_step_s"] * (1 + 1e-9)
+    table = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True,
+                           timeout=600).stdout
+    assert "responses: paper-like mix" in table and "| refill (slots refilled; not built yet) |" \
+        in table
+    worst = subprocess.run([*cmd, "--lengths=max", "--json"], cwd=root, env=env, check=True,
+                           capture_output=True, text=True, timeout=600).stdout
+    assert "lengths" not in json.loads(worst)
