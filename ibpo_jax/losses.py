@@ -40,9 +40,8 @@ from ibpo_jax.registry import AGGREGATIONS, KL_ESTIMATORS, LOSSES
 
 
 class LossSpec(Protocol):
-    """The hyperparameters every loss reads, as one frozen dataclass (hashable: jit takes it
-    as a static argument). The run config's `loss` section (`config_sections.LossConfig`, which
-    documents each field and checks its values) is one; the math does not import the config."""
+    """The hyperparameters a loss reads, one frozen (hashable) dataclass; the config's `loss`
+    section (`config_sections.LossConfig`: documented, checked) is one. No config import."""
 
     name: str  # registry.LOSSES
     aggregation: str  # registry.AGGREGATIONS
@@ -103,11 +102,8 @@ def finalize_metrics(metrics: dict) -> dict[str, jax.Array]:
 
 @AGGREGATIONS.register("seq_mean_token_mean")
 def seq_mean_token_mean(mask: jax.Array, *, norm_const=None) -> tuple[jax.Array, jax.Array]:
-    """GRPO / GSPO original: mean over sequences of the mean over their tokens.
-
-    c_it = m_it / n_i; den = #sequences with n_i > 0. `norm_const` is not used.
-    Returns (c [B, T] float32, den scalar).
-    """
+    """GRPO / GSPO original: mean over sequences of the mean over their tokens: c_it = m_it /
+    n_i, den = #sequences with n_i > 0 (c [B, T] float32, den scalar; no norm_const)."""
     m = mask.astype(jnp.float32)
     n = jnp.sum(m, axis=-1, keepdims=True)
     return m / jnp.maximum(n, 1.0), jnp.sum(n > 0).astype(jnp.float32)
@@ -127,10 +123,8 @@ def seq_mean_token_sum_norm(mask: jax.Array, *, norm_const=None) -> tuple[jax.Ar
     c_it = m_it / norm_const; den = #sequences with a valid token.
     """
     if norm_const is None or (isinstance(norm_const, (int, float)) and norm_const <= 0):
-        raise ValueError(
-            f"aggregation 'seq_mean_token_sum_norm' needs norm_const > 0 (e.g. the max response "
-            f"length); got {norm_const}"
-        )
+        raise ValueError("aggregation 'seq_mean_token_sum_norm' needs norm_const > 0 (e.g. "
+                         f"the max response length); got {norm_const}")
     m = mask.astype(jnp.float32)
     return m / norm_const, jnp.sum(jnp.any(m > 0, axis=-1)).astype(jnp.float32)
 
@@ -183,12 +177,9 @@ def kl_penalty(spec: LossSpec, *, logp: jax.Array, ref_logp: jax.Array | None,
 def kl_reward(spec: LossSpec, *, sample_logp: jax.Array, ref_logp: jax.Array,
               mask: jax.Array) -> jax.Array:
     """β · Σ_t k(logπ_sampler, logπ_ref) per row [B] (spec.kl_estimator; no gradient): the
-    penalty `loss.kl_in = "reward"` takes off each row's reward before the advantages.
-
-    Under the sampler's own log-probs the tokens are samples of the distribution the estimate is
-    about, so k1 is unbiased for the sequence KL(π_sampler ‖ π_ref) and its score-function
-    gradient is the reverse KL's (ibpo_jax/kl.py's table). sample_logp, ref_logp, mask: [B, T].
-    """
+    penalty `loss.kl_in = "reward"` takes off each row's reward before the advantages. The
+    tokens are the sampler's samples, so k1 is unbiased for the sequence KL(π_sampler ‖ π_ref)
+    (ibpo_jax/kl.py's table). sample_logp, ref_logp, mask: [B, T]."""
     valid = jnp.asarray(mask).astype(bool)
     estimator = KL_ESTIMATORS.get(spec.kl_estimator, key="config.loss.kl_estimator")
     kl = estimator(jnp.where(valid, sample_logp, 0.0), jnp.where(valid, ref_logp, 0.0))
@@ -198,11 +189,8 @@ def kl_reward(spec: LossSpec, *, sample_logp: jax.Array, ref_logp: jax.Array,
 def entropy_bonus(spec: LossSpec, *, entropy: jax.Array, mask: jax.Array
                   ) -> tuple[jax.Array, dict]:
     """-spec.entropy_coef · Σ c_it H_it: the entropy bonus as a numerator sharing the policy
-    loss's den (spec.aggregation), so the loss is -coef · (the aggregated entropy).
-
-    entropy: [B, T] per-token policy entropy (carries gradient); mask [B, T]. Returns (num,
-    {"entropy_loss": Stat}); ∂num/∂H_it = -coef · c_it.
-    """
+    loss's den (spec.aggregation). entropy: [B, T] per-token policy entropy (carries
+    gradient); mask [B, T]. Returns (num, {"entropy_loss": Stat}); ∂num/∂H_it = -coef · c_it."""
     valid = jnp.asarray(mask).astype(bool)
     num, den = aggregate(spec, jnp.asarray(entropy, jnp.float32), valid)
     num = -spec.entropy_coef * num
@@ -226,10 +214,8 @@ def tis_weights(spec: LossSpec, *, old_logp: jax.Array, sample_logp: jax.Array,
     exp(mean_t log r_t) on its tokens ("sequence": length-normalized like GSPO's ratio; the
     product would put long rows far past any cap from small per-token gaps). Weight:
     "truncate" min(r, C); "mask" r · 1[r <= C] (outliers dropped). C = spec.tis_cap.
-
     old_logp, sample_logp, mask: [B, T]. Returns (w [B, T] stop-gradient, 0 on padding;
-    tis_capped_frac: the share of tokens whose ratio exceeds C).
-    """
+    tis_capped_frac: the share of tokens whose ratio exceeds C)."""
     valid = jnp.asarray(mask).astype(bool)
     log_r = jnp.clip(jnp.where(valid, old_logp - sample_logp, 0.0), -LOG_RATIO_CLAMP,
                      LOG_RATIO_CLAMP)
