@@ -14,7 +14,7 @@ checkpoint, a busy workdir, a sandbox, a multi-process launch that does not star
 ``IBPO_DEBUG=1`` re-raises instead, with the traceback. Anything else is a bug and keeps its
 traceback. A training run stopped by SIGINT / SIGTERM exits 3 (`EXIT_STOPPED`) after its
 checkpoint: not an error, it resumes. A process of a multi-process run that lost a peer (or was
-itself killed) exits 4 (`EXIT_LOST`, trainer/supervisor.py) with one line: it resumes too.
+itself killed) exits 4 (`trainer.supervisor.EXIT_LOST`) with one line: it resumes too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from collections.abc import Callable, Sequence
 EXIT_CONFIG = 2
 EXIT_USER = 1
 EXIT_STOPPED = 3  # stopped on a signal, checkpointed: resumable (ibpo_jax.train)
-EXIT_LOST = 4  # a multi-process run lost a process: resumable from its last checkpoint
 
 
 def config_errors() -> tuple[type[BaseException], ...]:

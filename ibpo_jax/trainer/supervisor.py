@@ -35,10 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ibpo_jax import cli
-
 ENV = "IBPO_RUNTIME_LOG"  # set in the child: where its file descriptors 1 and 2 go
-EXIT_LOST = cli.EXIT_LOST
+EXIT_LOST = 4  # a multi-process run lost a process: resumable from its last checkpoint
 MARK = "ibpo: process "  # the child's own line in its log: "ibpo: process I of N"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 _PR_SET_PDEATHSIG = 1
