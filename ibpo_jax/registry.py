@@ -103,7 +103,7 @@ TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "cancellation transform", ("ibpo_jax.cancellation",))
 REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))
 TASKS: Registry[Callable[..., Any]] = Registry("task", ("ibpo_jax.data",))
-# Methods that add a stage to the RL step (DESIGN §6-§7), name -> `methods.base.Method`
+# Methods that add a stage to the RL step (DESIGN §6-§7), name -> `trainer.hooks.Method`
 # subclass (its factory); a config turns one on through its own section (`Method.enabled`).
 METHODS: Registry[Any] = Registry("method", (
     "ibpo_jax.methods.corrections", "ibpo_jax.methods.prm.method",

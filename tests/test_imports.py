@@ -190,7 +190,6 @@ KNOWN_UPWARD = {
     ("ibpo_jax.config", "ibpo_jax.methods.prm.config"),  # RunConfig names the methods' sections
     ("ibpo_jax.config", "ibpo_jax.methods.score.config"),
     ("ibpo_jax.models.hf_io", "ibpo_jax.data.tokenizer"),  # an HF export writes the tokenizer
-    ("ibpo_jax.trainer.loop", "ibpo_jax.methods.base"),  # the hooks' protocols live there
 }
 
 

@@ -28,9 +28,8 @@ from ibpo_jax import models, sharding
 from ibpo_jax import rewards as rewards_lib
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.sampler import IndexSampler
-from ibpo_jax.methods import base as methods_lib
 from ibpo_jax.models import hf_io, lora
-from ibpo_jax.trainer import batching, evaluation, packing, pg_variance, policy, rounds, step
+from ibpo_jax.trainer import batching, evaluation, hooks, packing, pg_variance, policy, rounds, step
 from ibpo_jax.trainer import dynamic as dynamic_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib
 from ibpo_jax.trainer import step_labels as labels_lib
@@ -81,7 +80,7 @@ class Collected(NamedTuple):
 
 class Trainer:
     """Everything one run holds: tasks, policy and reference, compiled step functions, reward
-    pools, the methods the config turns on (`methods.base.Methods`), data position and train
+    pools, the methods the config turns on (`trainer.hooks.Methods`), data position and train
     state. `run` drives it; benchmarks call `rl_step` directly."""
 
     def __init__(self, cfg: RunConfig, workdir: str | Path, *, log=None):
@@ -111,7 +110,7 @@ class Trainer:
         self.pool = reward_pool(cfg, self.task.reward)
         self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
                           else reward_pool(cfg, self.eval_task.reward))
-        self.methods = methods_lib.Methods(self.context())  # prepared in `run`
+        self.methods = hooks.Methods(self.context())  # prepared in `run`
 
     def _build_policy(self) -> None:
         """The base policy and its frozen reference, the step's spec and optimizer, and the
@@ -171,9 +170,9 @@ class Trainer:
         return (make(self.rollout_mesh, num_samples=self.cfg.rollout.group_size),
                 make(self.mesh, num_samples=self.cfg.eval.samples, evaluation=True))
 
-    def context(self) -> methods_lib.Context:
+    def context(self) -> hooks.Context:
         """What the run's methods see of it: never the trainer itself."""
-        return methods_lib.Context(
+        return hooks.Context(
             cfg=self.cfg, mesh=self.mesh, tokenizer=self.tokenizer, task=self.task,
             eval_task=self.eval_task, train_records=self.train_records, model=self.base.config,
             options=self.base.options, base_params=self.base.params, is_delim=self.is_delim,
@@ -249,7 +248,7 @@ class Trainer:
         g = self.cfg.rollout.group_size
         self.budget += got.sampled  # off-policy: sampled during the previous step
         t2 = time.perf_counter()
-        batch, stages = self.methods.shape(methods_lib.Scored(
+        batch, stages = self.methods.shape(hooks.Scored(
             s, got.records, got.rollout, got.rows, got.infos, self.policy))
         extra = self.extra_round(batch, jax.random.fold_in(gen_key, 1), stages)
 
@@ -285,7 +284,7 @@ class Trainer:
         )
         return metrics, logged
 
-    def extra_round(self, batch: methods_lib.Scored, key: jax.Array, metrics: dict[str, float]
+    def extra_round(self, batch: hooks.Scored, key: jax.Array, metrics: dict[str, float]
                     ) -> tuple[rounds.FirstRound, rounds.Round] | None:
         """The methods' extra round of this step, if any (`Methods.extend`): charges its cost
         to the budget and adds its metrics and time to `metrics`."""
@@ -322,7 +321,7 @@ class Trainer:
             *rollout.response.shape[1:])
         return rollout, cred, plan
 
-    def diagnostics(self, s: int, batch: methods_lib.Scored, cred: step.Credit, prompts: Any
+    def diagnostics(self, s: int, batch: hooks.Scored, cred: step.Credit, prompts: Any
                     ) -> tuple[dict[str, float], dict[str, dict]]:
         """At diagnostic steps (`diagnose`), Appendix A's diagnostics of the first round at the
         policy that sampled it: the policy-gradient variance metrics, and the step's row of

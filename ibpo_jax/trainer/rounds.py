@@ -60,7 +60,7 @@ class Sampled(NamedTuple):
 
 
 class Round(NamedTuple):
-    """What a method's extra round hands the trainer (`methods.base.ExtraRound`)."""
+    """What a method's extra round hands the trainer (`trainer.hooks.ExtraRound`)."""
 
     rows: dict[str, np.ndarray]  # the round's rows in the [N] slot layout (`slot_arrays`)
     metrics: dict[str, float]

@@ -54,9 +54,9 @@ def test_step_metrics_leave_dynamic_sampling_fillers_out():
     import jax.numpy as jnp
 
     from ibpo_jax import sharding
-    from ibpo_jax.methods.base import Scored
     from ibpo_jax.methods.prm.method import PrmReward
     from ibpo_jax.trainer.credit import Rollout
+    from ibpo_jax.trainer.hooks import Scored
 
     prob = jnp.array([[0.9, 0.2], [0.7, 0.0], [0.1, 0.3], [0.0, 0.0]])  # [N = 4, K = 2]
     steps = jnp.array([[True, True], [True, False], [True, True], [False, False]])

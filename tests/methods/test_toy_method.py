@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import pytest
 
 from ibpo_jax import config
-from ibpo_jax.methods.base import Method, Scored
 from ibpo_jax.registry import METHODS
 from ibpo_jax.trainer import loop
+from ibpo_jax.trainer.hooks import Method, Scored
 
 BONUS = 0.25
 

@@ -27,12 +27,12 @@ import jax
 import numpy as np
 
 from ibpo_jax import sampling, sharding
-from ibpo_jax.methods.base import Context, Method, Scored
 from ibpo_jax.methods.prm import labels
 from ibpo_jax.methods.prm import model as prm
 from ibpo_jax.registry import METHODS
 from ibpo_jax.trainer import credit as credit_lib
 from ibpo_jax.trainer.batching import encode_prompts
+from ibpo_jax.trainer.hooks import Context, Method, Scored
 
 FIT_SEED = 0x9A3  # the fit's draws: a stream of its own, the same for every RL step count
 

@@ -1,4 +1,4 @@
-"""The methods' plug-in interface (methods/base.py, registry.METHODS): the registry, which
+"""The methods' plug-in interface (trainer/hooks.py, registry.METHODS): the registry, which
 config turns which method on, the protocols each implements, and the order `Methods` calls
 them in."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ibpo_jax import config
-from ibpo_jax.methods import base
 from ibpo_jax.registry import METHODS, UnknownNameError
+from ibpo_jax.trainer import hooks
 
 
 def test_the_registry_lists_the_three_methods_and_names_them_on_a_typo():
@@ -35,12 +35,12 @@ def test_each_config_turns_on_its_methods(algo, overrides, methods):
 
 
 def test_each_method_implements_its_protocols():
-    kinds = {name: {p.__name__ for p in (base.Preparer, base.RewardShaper, base.ExtraRound,
-                                          base.Answerer) if issubclass(METHODS.get(name), p)}
+    kinds = {name: {p.__name__ for p in (hooks.Preparer, hooks.RewardShaper, hooks.ExtraRound,
+                                          hooks.Answerer) if issubclass(METHODS.get(name), p)}
              for name in METHODS.names()}
     assert kinds == {"corrections": {"ExtraRound"}, "prm": {"Preparer", "RewardShaper"},
                      "score": {"ExtraRound", "Answerer"}}
-    assert all(issubclass(METHODS.get(n), base.Method) for n in METHODS.names())
+    assert all(issubclass(METHODS.get(n), hooks.Method) for n in METHODS.names())
 
 
 def test_trajectories_per_step_count_the_fixed_rounds():
@@ -56,7 +56,7 @@ class _Rows(NamedTuple):  # the part of a Rollout the stubs touch
     reward: np.ndarray
 
 
-class _Stub(base.Method):
+class _Stub(hooks.Method):
     """Records its calls in `log`; its fit costs 2.5 trajectories; it shapes by adding `add`
     to every reward."""
 
@@ -82,10 +82,10 @@ def test_methods_call_each_stage_in_name_order_and_join_what_they_return(monkeyp
     ctx = types.SimpleNamespace(cfg=types.SimpleNamespace(methods=("a_first", "b_second")))
     monkeypatch.setattr(METHODS, "get", lambda name, key=None: entries[name])
     _Stub.log = []
-    methods = base.Methods(ctx)
+    methods = hooks.Methods(ctx)
     cost, fitted = methods.prepare(False, print)
     assert cost == 5.0 and fitted == {"a_fit": 1.0, "b_fit": 1.0}
-    batch = base.Scored(1, [{}], _Rows(np.zeros(3)), np.arange(3), [], None)
+    batch = hooks.Scored(1, [{}], _Rows(np.zeros(3)), np.arange(3), [], None)
     shaped, metrics = methods.shape(batch)
     np.testing.assert_array_equal(shaped.rollout.reward, [11.0, 11.0, 11.0])
     assert metrics == {"a_shaped": 1.0, "b_shaped": 10.0}

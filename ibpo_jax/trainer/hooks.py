@@ -1,4 +1,6 @@
-"""The plug-in interface of the methods that add a stage to the RL step (DESIGN §6-§7).
+"""The trainer's hooks: the plug-in interface of the methods that add a stage to the RL step
+(DESIGN §6-§7). The methods themselves (`ibpo_jax/methods/`) sit above the trainer and
+implement these; the trainer reaches them only through `registry.METHODS`.
 
 A method is a `Method` subclass registered in `registry.METHODS` (name -> class, the class being
 its factory). A config turns it on through its own section (`Method.enabled`, e.g.
