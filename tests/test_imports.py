@@ -189,7 +189,6 @@ LAYERS = (
 KNOWN_UPWARD = {
     ("ibpo_jax.config", "ibpo_jax.methods.prm.config"),  # RunConfig names the methods' sections
     ("ibpo_jax.config", "ibpo_jax.methods.score.config"),
-    ("ibpo_jax.models.hf_io", "ibpo_jax.data.tokenizer"),  # an HF export writes the tokenizer
 }
 
 

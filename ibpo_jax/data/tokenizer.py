@@ -69,3 +69,23 @@ class CharTokenizer:
             if i >= len(SPECIALS):
                 out.append(self._itos[i])
         return "".join(out)
+
+    def to_hf(self):
+        """A `transformers.PreTrainedTokenizerFast` that encodes and decodes exactly as this
+        tokenizer (what an HF export of the run writes, `hf_io.save_tokenizer`): one id per
+        character, the specials at their ids, no unknown token (a character outside the
+        alphabet is an error)."""
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {name: i for i, name in enumerate(SPECIALS)}
+        vocab.update({self.decode([i]): i for i in range(len(SPECIALS), self.vocab_size)})
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))  # not in vocab: an error
+        # Every character its own piece, newlines and spaces included; decoding joins them.
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        name = {i: text for text, i in vocab.items()}
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, pad_token=name[self.pad_id], bos_token=name[self.bos_id],
+            eos_token=name[self.eos_id])
+

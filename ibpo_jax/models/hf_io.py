@@ -274,38 +274,17 @@ def special_ids(tokenizer: Any) -> dict[str, Any]:
             "eos_token_id": eos[0] if len(eos) == 1 else eos}
 
 
-def char_tokenizer_fast(tokenizer: Any) -> Any:
-    """A `transformers.PreTrainedTokenizerFast` that encodes and decodes exactly as the char
-    tokenizer `tokenizer` (`ibpo_jax.data.tokenizer.CharTokenizer`): one id per character, its
-    specials at their ids, no unknown token (a character outside the alphabet is an error)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from ibpo_jax.data.tokenizer import SPECIALS
-
-    vocab = {name: i for i, name in enumerate(SPECIALS)}
-    vocab.update({tokenizer.decode([i]): i for i in range(len(SPECIALS), tokenizer.vocab_size)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))  # not in vocab: an error
-    # Every character its own piece, newlines and spaces included; decoding joins them bare.
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    name = {i: text for text, i in vocab.items()}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=name[tokenizer.pad_id], bos_token=name[tokenizer.bos_id],
-        eos_token=name[tokenizer.eos_id])
-
-
 def save_tokenizer(tokenizer: Any, path: str | os.PathLike) -> None:
     """Writes beside an HF export (`save_hf`) the files that make it usable on its own: the
-    tokenizer (an HF tokenizer: its own files, chat template included; the char tokenizer: the
-    equivalent of `char_tokenizer_fast`) and generation_config.json (the source checkpoint's
+    tokenizer (an HF tokenizer: its own files, chat template included; another: its `to_hf()`,
+    e.g. `CharTokenizer.to_hf`) and generation_config.json (the source checkpoint's
     when the tokenizer was read from one that has it, else the tokenizer's end and pad ids, so
     `generate` stops at the end of a reply). Process 0 writes."""
     if jax.process_index() != 0:
         return
     path = os.fspath(path)
     hf_tokenizer = getattr(tokenizer, "tokenizer", None)  # ibpo_jax.data.hf.HFTokenizer
-    (hf_tokenizer or char_tokenizer_fast(tokenizer)).save_pretrained(path)
+    (hf_tokenizer or tokenizer.to_hf()).save_pretrained(path)
     source = os.path.join(getattr(hf_tokenizer, "name_or_path", "") or "", GENERATION_FILE)
     target = os.path.join(path, GENERATION_FILE)
     if hf_tokenizer is not None and os.path.isfile(source):
