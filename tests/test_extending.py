@@ -1,0 +1,72 @@
+"""docs/extending.md's extension points, exercised as a user would: a comparison operator and
+a policy loss defined in this module (not the package), registered for one test, selected by
+their config keys and run in one `smoke` training step each. (A toy method: tests/methods/
+test_toy_method.py. Tasks and advantage estimators are not one-module extensions yet: issue
+58.)"""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ibpo_jax import comparison, config, losses
+from ibpo_jax.registry import LOSSES, OPERATORS, UnknownNameError
+from ibpo_jax.trainer import loop
+
+HALF = 0.5
+
+
+def phi_half(units, n_units, correct, *, alignment="lcs", reduce="max"):
+    """φ = HALF for every non-empty wrong response of a group with a correct one; Δ = HALF on
+    its units (mean HALF), first error at unit 0, no best match."""
+    del alignment, reduce
+    g, slots = units.shape
+    wrong = ~correct & (n_units > 0) & jnp.any(correct)
+    phi = jnp.where(wrong, HALF, 0.0).astype(jnp.float32)
+    inside = jnp.arange(slots)[None, :] < n_units[:, None]
+    return comparison.Phi(phi=phi, delta=jnp.where(inside, phi[:, None], 0.0),
+                          first_error=jnp.where(correct, n_units, 0).astype(jnp.int32),
+                          best_match=jnp.full((g,), -1, jnp.int32))
+
+
+CALLS = []
+
+
+def doubled_gspo(spec, **arrays):
+    """GSPO's loss with its numerator doubled (same direction, twice the step)."""
+    CALLS.append(spec.name)
+    out = losses.gspo_loss(spec, **arrays)
+    return out._replace(num=2.0 * out.num)
+
+
+def _register(request, registry, name, obj):
+    """`@registry.register(name)` as a user's module does it, taken off after the test."""
+    registry.register(name)(obj)
+    request.addfinalizer(lambda: registry._entries.pop(name, None))
+
+
+def _one_step(data_dir, workdir, **overrides):
+    cfg = config.load("configs/ibpo_gspo.py:smoke", [
+        ("task.data_dir", str(data_dir)), ("train.steps", "1"),
+        *((k, str(v)) for k, v in overrides.items())])
+    return loop.run(cfg, workdir=workdir)
+
+
+def test_an_operator_from_outside_the_package_credits_a_training_step(smoke_data_dir, tmp_path,
+                                                                     request):
+    _register(request, OPERATORS, "toy_half", phi_half)
+    step = _one_step(smoke_data_dir, tmp_path, **{"ibpo.operator": "toy_half"})[-1]
+    # φ is HALF on the wrong responses of mixed groups and 0 on the right ones.
+    assert step["step"] == 1 and 0 < step["phi_mean"] <= HALF and step["cov_y_phi"] < 0
+    OPERATORS._entries.pop("toy_half")
+    with pytest.raises(UnknownNameError, match="toy_half"):  # unknown once it is gone
+        _one_step(smoke_data_dir, tmp_path / "again", **{"ibpo.operator": "toy_half"})
+
+
+def test_a_loss_from_outside_the_package_trains_a_step(smoke_data_dir, tmp_path, request):
+    CALLS.clear()
+    _register(request, LOSSES, "doubled_gspo", doubled_gspo)
+    rows = _one_step(smoke_data_dir, tmp_path, **{"loss.name": "doubled_gspo",
+                                                   "loss.clip_eps_low": 3e-4,
+                                                   "loss.clip_eps_high": 4e-4})
+    assert rows[-1]["step"] == 1 and np.isfinite(rows[-1]["grad_norm"])
+    assert CALLS and set(CALLS) == {"doubled_gspo"}  # the step traced this loss
