@@ -87,14 +87,21 @@ def reuse_freed_memory() -> bool:
     import jax
 
     jax.config.update("jax_cpu_enable_async_dispatch", False)
+    libc = _glibc()
+    return libc is not None and all(
+        libc.mallopt(param, value) == 1
+        for param, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc on Linux (whose malloc these settings are for), else
+    None (macOS, musl)."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
-        return False
-    return all(libc.mallopt(param, value) == 1
-               for param, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, _INT_MAX)))
+        return None
 
 
 def return_freed_memory() -> bool:
@@ -103,11 +110,8 @@ def return_freed_memory() -> bool:
     the train state to host buffers, and under `reuse_freed_memory`'s settings what is freed
     stays with the process; without a trim the resident set grew by about half the state at
     every checkpoint (experiments/benchmarks/host_memory.py, RESULTS.md)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
+    libc = _glibc()
+    if libc is None:
         return False
     libc.malloc_trim(0)
     return True
