@@ -63,7 +63,7 @@ TMP_SUFFIX = ".orbax-checkpoint-tmp"  # orbax's temporary step directories
 ERRORS_FILE = "checkpoint_errors.log"  # beside the checkpoints: what orbax said of a failure
 SPACE_MARGIN = 1.1  # a checkpoint's bytes on disk over its arrays' (metadata, alignment)
 SPACE_SLACK = 1 << 20
-DRAIN_S = 2.0  # after a failed save: time for its pending writes to fail (into the log)
+DRAIN_S = 5.0  # after a failed save: time for its pending writes to fail (into the log)
 
 
 def tree_bytes(tree: Any) -> int:
@@ -268,7 +268,8 @@ class Checkpointer:
         """What a failing save prints goes to ERRORS_FILE, not the terminal: orbax's threads
         log the failure with pages of traceback (absl), and tensorstore's pending writes,
         failing after the save's event loop closed, print theirs to sys.stderr for a while
-        after (waited for, DRAIN_S)."""
+        after (waited for, DRAIN_S), or to asyncio's logger when collected (kept in the file
+        for the rest of the process: the run stops)."""
         absl_log = logging.getLogger("absl")
         path = self.directory.parent / ERRORS_FILE
         handler = logging.FileHandler(path, delay=True)
@@ -281,6 +282,9 @@ class Checkpointer:
             yield
         except BaseException:
             time.sleep(DRAIN_S)  # the failed writes' callbacks, still printing
+            # Tasks whose failure nobody retrieved report it through asyncio's logger when
+            # they are collected, possibly at exit (seen on a loaded host): to the file too.
+            _asyncio_errors_to(path)
             raise
         finally:
             sys.stderr = stderr
@@ -396,6 +400,19 @@ class Checkpointer:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _asyncio_errors_to(path: Path) -> None:
+    """asyncio's logger into `path` from now on, instead of the terminal (one such file a
+    process: the last failed save's)."""
+    log = logging.getLogger("asyncio")
+    for old in [h for h in log.handlers if getattr(h, "ibpo_checkpoint_errors", False)]:
+        log.removeHandler(old)
+        old.close()
+    handler = logging.FileHandler(path, delay=True)
+    handler.ibpo_checkpoint_errors = True
+    log.addHandler(handler)
+    log.propagate = False
 
 
 class _LazyFile:
