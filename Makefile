@@ -39,8 +39,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python experiments/benchmarks/bench_lcs.py
-	$(BIN)/python experiments/benchmarks/bench_model.py
+	$(BIN)/python -m experiments.benchmarks.bench_lcs
+	$(BIN)/python -m experiments.benchmarks.bench_model
 	$(BIN)/python experiments/benchmarks/bench_rl_step.py
 
 lint: $(STAMP)

@@ -3,7 +3,7 @@
 Each file in ``configs/`` is ``get_config(arg=None)`` choosing an algorithm and calling
 ``make(algo, preset=arg)``. ``arg`` is the preset name given as ``--config=configs/x.py:preset``
 (default ``arith_tiny``). The keys, their defaults, documentation and checks live in one place,
-the section dataclasses that ``ibpo_jax/config.py`` assembles (a default that depends on the
+the section dataclasses that ``ibpo_jax/config/run.py`` assembles (a default that depends on the
 algorithm, such as the clip range of each loss, is resolved by its section): the ConfigDict here
 is generated from ``config.defaults()``, and algorithms and presets are dicts of dotted-key
 overrides.

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ibpo_jax import config, sharding
+from ibpo_jax import config
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import loop
 
 

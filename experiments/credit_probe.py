@@ -31,8 +31,9 @@ import numpy as np
 
 from experiments import base_probe
 from experiments import items as items_lib
-from ibpo_jax import comparison, config
-from ibpo_jax.host import cpu_model, git_commit
+from experiments.host import cpu_model, git_commit
+from ibpo_jax import config
+from ibpo_jax.core import comparison
 from ibpo_jax.trainer import batching, credit, loop, step_labels
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,8 +66,8 @@ def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows
                             key: jax.Array) -> np.ndarray:
     """[len(rows)] the first step end (a line index) of responses `rows` from which no sampled
     continuation is right: Monte-Carlo labels of every step prefix, the first labelled 0."""
-    from ibpo_jax import sampling
     from ibpo_jax.methods.prm import labels
+    from ibpo_jax.sampler import sampling
 
     r, g = trainer.cfg.rollout, trainer.cfg.rollout.group_size
     host = lambda x: np.asarray(jax.device_get(x))[rows]  # noqa: E731

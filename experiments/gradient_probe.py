@@ -30,8 +30,8 @@ import numpy as np
 
 from experiments import base_probe, items_paper
 from experiments import items as items_lib
+from experiments.host import cpu_model, git_commit
 from ibpo_jax import config
-from ibpo_jax.host import cpu_model, git_commit
 from ibpo_jax.trainer import loop, pg_variance, step
 
 ROOT = items_lib.ROOT

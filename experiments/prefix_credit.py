@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import base_probe, prefix_credit_report
+from experiments.host import cpu_model, git_commit
 from experiments.prefix_classes import (  # noqa: F401  (also prefix_credit.*: the probe's terms)
     CLASS_LABELS,
     CLASSES,
@@ -61,8 +62,9 @@ from experiments.prefix_classes import (  # noqa: F401  (also prefix_credit.*: t
     SHARE,
 )
 from experiments.prefix_rules import ARITH, Rule, rule_for, truth
-from ibpo_jax import cancellation, config, losses, sharding
-from ibpo_jax.host import cpu_model, git_commit
+from ibpo_jax import config
+from ibpo_jax.core import cancellation, losses
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import batching, loop, step
 from ibpo_jax.trainer.checkpoint import Checkpointer
 

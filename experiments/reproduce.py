@@ -47,7 +47,7 @@ from pathlib import Path
 
 from experiments import items as items_lib
 from experiments import items_registry, report, summary
-from ibpo_jax.host import cpu_model, git_commit
+from experiments.host import cpu_model, git_commit
 from ibpo_jax.trainer import logs
 
 ROOT = items_lib.ROOT

@@ -19,9 +19,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax import cli, hostmem, models, sharding
 from ibpo_jax import config as config_lib
-from ibpo_jax.trainer import batching, evaluation, loop, policy
+from ibpo_jax import models
+from ibpo_jax.runtime import hostmem, sharding
+from ibpo_jax.trainer import batching, cli, evaluation, loop, policy
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, lora_adapters, make_optimizer, policy_params
 

@@ -19,7 +19,8 @@ import shlex
 import sys
 import traceback
 
-from ibpo_jax import cli, config
+from ibpo_jax import config
+from ibpo_jax.trainer import cli
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
@@ -45,11 +46,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, config.RunConfig]:
 def main(argv: list[str]) -> int:
     args, cfg = parse(argv)  # a config error: one line (cli), before jax starts
     if args.print_config:
-        from ibpo_jax import config_docs
+        from ibpo_jax.config import docs as config_docs
 
         print("\n".join(config_docs.lines(cfg)))
         return 0
-    from ibpo_jax import hostmem, sharding
+    from ibpo_jax.runtime import hostmem, sharding
     from ibpo_jax.trainer import supervisor, workdir
 
     multi = sharding.distributed_requested(cfg.train.distributed)

@@ -52,7 +52,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt  # the kernel's inline backend embeds each figure
 import numpy as np
 
-from ibpo_jax import advantages
+from ibpo_jax.core import advantages
 
 RUNS = os.environ.get("APPENDIX_A_RUNS", "experiments/results/appendix_a_rows/arith_long/*")
 FIG_DIR = Path(os.environ.get("APPENDIX_A_FIG_DIR", "notebooks"))

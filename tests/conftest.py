@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
-from ibpo_jax import hostmem  # noqa: E402
+from ibpo_jax.runtime import hostmem  # noqa: E402
 
 hostmem.reuse_freed_memory()  # as the entry points do: the tests run jitted steps in-process
 

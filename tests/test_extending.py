@@ -1,15 +1,15 @@
-"""docs/extending.md's extension points, exercised as a user would: a comparison operator and
-a policy loss defined in this module (not the package), registered for one test, selected by
-their config keys and run in one `smoke` training step each. (A toy method: tests/methods/
-test_toy_method.py. Tasks and advantage estimators are not one-module extensions yet: issue
-58.)"""
+"""docs/extending.md's extension points, exercised as a user would: a comparison operator, a
+policy loss and an advantage estimator defined in this module (not the package), registered for
+one test, selected by their config keys and run in one `smoke` training step each. (A toy
+method: tests/methods/test_toy_method.py. A task is not a one-module extension yet: issue 58.)"""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import comparison, config, losses
-from ibpo_jax.registry import LOSSES, OPERATORS, UnknownNameError
+from ibpo_jax import config
+from ibpo_jax.config.registry import ESTIMATORS, LOSSES, OPERATORS, UnknownNameError
+from ibpo_jax.core import comparison, losses
 from ibpo_jax.trainer import loop
 
 HALF = 0.5
@@ -36,6 +36,16 @@ def doubled_gspo(spec, **arrays):
     CALLS.append(spec.name)
     out = losses.gspo_loss(spec, **arrays)
     return out._replace(num=2.0 * out.num)
+
+
+def sign_advantages(rewards, phi, *, lam, normalize_std=True, eps=1e-6, ddof=0, valid=None):
+    """A group estimator: the sign of the shaped reward's deviation from the group mean."""
+    del normalize_std, eps, ddof
+    CALLS.append("sign")
+    shaped = rewards + lam * phi
+    w = jnp.ones_like(shaped) if valid is None else valid.astype(shaped.dtype)
+    mean = jnp.sum(shaped * w, -1, keepdims=True) / jnp.maximum(jnp.sum(w, -1, keepdims=True), 1)
+    return jnp.sign(shaped - mean) * w
 
 
 def _register(request, registry, name, obj):
@@ -70,3 +80,20 @@ def test_a_loss_from_outside_the_package_trains_a_step(smoke_data_dir, tmp_path,
                                                    "loss.clip_eps_high": 4e-4})
     assert rows[-1]["step"] == 1 and np.isfinite(rows[-1]["grad_norm"])
     assert CALLS and set(CALLS) == {"doubled_gspo"}  # the step traced this loss
+
+
+def test_an_estimator_from_outside_the_package_gives_a_steps_advantages(smoke_data_dir, tmp_path,
+                                                                        request):
+    CALLS.clear()
+    _register(request, ESTIMATORS, "sign", sign_advantages)
+    rows = _one_step(smoke_data_dir, tmp_path, **{"advantage.estimator": "sign"})
+    assert rows[-1]["step"] == 1 and np.isfinite(rows[-1]["grad_norm"])
+    assert CALLS and set(CALLS) == {"sign"}  # the step traced this estimator
+    # A wrong response of a mixed group sits below its group's mean: advantage -1 on each of
+    # its tokens, before and after its first error (grpo's here: -1.73 and -0.88).
+    sides = {rows[-1]["adv_mean_before_error"], rows[-1]["adv_mean_after_error"]}
+    assert -1.0 in sides and sides <= {-1.0, 0.0}, sides
+    # A group estimator takes no per-token credit: the config says so before anything runs.
+    with pytest.raises(config.ConfigError, match="takes group inputs.*token"):
+        _one_step(smoke_data_dir, tmp_path / "token", **{"advantage.estimator": "sign",
+                                                         "ibpo.credit": "token"})

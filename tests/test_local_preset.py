@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 from ibpo_jax import config  # noqa: E402
 from ibpo_jax.config import ConfigError  # noqa: E402
+from ibpo_jax.config.registry import UnknownSplitError  # noqa: E402
 from ibpo_jax.data import formats  # noqa: E402
-from ibpo_jax.registry import UnknownSplitError  # noqa: E402
 from ibpo_jax.trainer import run_tasks  # noqa: E402
 from tests.test_train import FIXTURES, ROOT, tiny_hf_checkpoint  # noqa: E402
 

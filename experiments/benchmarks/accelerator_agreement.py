@@ -37,8 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from ibpo_jax import models, sampling  # noqa: E402
+from ibpo_jax import models  # noqa: E402
 from ibpo_jax.models import attention  # noqa: E402
+from ibpo_jax.sampler import sampling  # noqa: E402
 
 TOLERANCE = {"float32": 2e-3, "bfloat16": 4e-2}  # max |diff| / max |reference|
 TIE = 0.05  # logits this close may swap between the sampler and the forward pass in bf16

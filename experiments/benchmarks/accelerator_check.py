@@ -29,7 +29,7 @@ Figures (a table on stdout; all of them, with the run's identity, in the JSON at
 Steady-state figures are medians over steps 2.. (step 1 compiles). The chip comes from
 `chips.from_device_kind(device_kind)`; `--chip NAME` names one instead (on CPU: the ratios are
 then against an assumed chip, and every output says so). `--tiny` runs the same path at CPU
-sizes in seconds (tests/test_accelerator_check.py). On a lent machine:
+sizes in seconds (tests/experiments/test_accelerator_check.py). On a lent machine:
 experiments/benchmarks/accelerator_check.sh (RESULTS.md, "Accelerator check").
 
     python experiments/benchmarks/accelerator_check.py [--tiny] [--chip h100] [--out X.json]
@@ -57,8 +57,9 @@ for _p in (str(REPO), str(Path(__file__).resolve().parent)):  # ibpo_jax, the si
         sys.path.insert(0, _p)
 import accelerator_check_lib as lib  # noqa: E402
 
-from ibpo_jax import chips, host, hostmem  # noqa: E402
+from experiments import host  # noqa: E402
 from ibpo_jax import config as config_lib  # noqa: E402
+from ibpo_jax.runtime import chips, hostmem  # noqa: E402
 
 CONFIG = "configs/ibpo_gspo.py:qwen3_0.6b_math"
 PHASES = ("sample", "reward", "phi", "score", "update")
@@ -331,7 +332,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list, config
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tiny", action="store_true", help="CPU-sized model and shapes")
     parser.add_argument("--chip", help="compute the ratios against this chip of "
-                        f"ibpo_jax/chips.py ({', '.join(chips.CHIPS)})")
+                        f"ibpo_jax/runtime/chips.py ({', '.join(chips.CHIPS)})")
     parser.add_argument("--out", default="accelerator_check.json", help="the JSON's path")
     parser.add_argument("--steps", type=int, default=3, help="RL steps (>= 3)")
     parser.add_argument("--prompts", type=int, default=2,
@@ -427,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     deadline = t_start + args.time_limit
     try:
-        hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+        hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/runtime/hostmem.py)
     except RuntimeError:  # called in a process whose jax already started (the tests)
         pass
     device = jax.devices()[0]

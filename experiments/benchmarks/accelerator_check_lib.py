@@ -21,9 +21,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ibpo_jax import models, sharding
+from ibpo_jax import models
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.tasks import Task
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import loop, step
 
 DELIM_EVERY = 24  # stand-in step delimiter: token ids = 0 mod 24

@@ -21,7 +21,7 @@ from column a_len - 1 - f on, f = the prefix rule's first error, printed as
 prefix_rule_f_median). The
 load average (`os.getloadavg`) is printed with each line: the machine may be shared.
 
-    python experiments/benchmarks/bench_lcs.py [--repeats 5] [--quick]
+    python -m experiments.benchmarks.bench_lcs [--repeats 5] [--quick]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ import numpy as np
 from rapidfuzz import process
 from rapidfuzz.distance import LCSseq, Levenshtein
 
-from ibpo_jax import comparison, host, hostmem
+from experiments import host
+from ibpo_jax.core import comparison
+from ibpo_jax.runtime import hostmem
 
 VOCAB = 151_936
 CONFIGS = ((64, 4000, "zipf"), (16, 16_000, "zipf"), (64, 4000, "late_error"))
@@ -118,7 +120,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="smaller pairs (smoke test)")
     args = parser.parse_args()
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/runtime/hostmem.py)
     configs = ((8, 1000, "zipf"), (4, 2000, "late_error")) if args.quick else CONFIGS
     env = {"jax": jax.__version__, "backend": jax.default_backend(),
            "cpu": host.cpu_model(), "cores": os.cpu_count(),

@@ -16,7 +16,7 @@ Timings alternate HF and ours trial by trial and keep the best trial of each (th
 be shared). Model FLOPs per trained token: 6 * (matmul weights incl. unembedding) +
 6 * L * T * N * H (causal attention scores and values, forward + backward).
 
-    python experiments/benchmarks/bench_model.py [--sizes tiny,larger] [--trials 5]
+    python -m experiments.benchmarks.bench_model [--sizes tiny,larger] [--trials 5]
         [--attention auto|dense|chunked|...]   (ModelOptions.attention of our model)
 """
 
@@ -35,8 +35,11 @@ import optax
 import torch
 import transformers
 
-from ibpo_jax import host, hostmem, models, sampling
+from experiments import host
+from ibpo_jax import models
 from ibpo_jax.models import attention, kv_cache
+from ibpo_jax.runtime import hostmem
+from ibpo_jax.sampler import sampling
 
 SIZES = {
     # vocab 64, hidden 256, 4 layers, 8 heads, 4 kv heads, head_dim 32; MLP 3x hidden
@@ -270,7 +273,7 @@ def main():
     parser.add_argument("--attention", default="auto", choices=attention.IMPLEMENTATIONS,
                         help="our model's attention kernel (ModelOptions.attention)")
     args = parser.parse_args()
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/runtime/hostmem.py)
     peak = matmul_gflops()
     env = {"jax": jax.__version__, "torch": torch.__version__,
            "transformers": transformers.__version__, "cpu": host.cpu_model(),

@@ -10,8 +10,8 @@ otherwise; `--save DIR` also writes each case's φ and first errors as .npz, to 
 machines). One JSON line per figure on stdout; a case stops timing at its budget after the
 first call and one timed call (`--repeats 0`: the first call only, to check answers).
 
-    python experiments/benchmarks/bench_phi_tiling.py                      # accelerator shapes
-    python experiments/benchmarks/bench_phi_tiling.py --groups 2 --base-groups 1 --lo 512 \\
+    python -m experiments.benchmarks.bench_phi_tiling                      # accelerator shapes
+    python -m experiments.benchmarks.bench_phi_tiling --groups 2 --base-groups 1 --lo 512 \\
         --hi 1024                                                           # a CPU-sized run
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ibpo_jax import _bitparallel, comparison
-from ibpo_jax.host import cpu_model
+from experiments.host import cpu_model
+from ibpo_jax.core import _bitparallel, comparison
 
 ACC = _bitparallel.ACCELERATOR_TILING
 TILINGS = {  # the candidates measured for ACCELERATOR_TILING (RESULTS.md)

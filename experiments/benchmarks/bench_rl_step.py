@@ -66,10 +66,12 @@ import numpy as np
 import torch
 import transformers
 
+from experiments import host
 from ibpo_jax import config as config_lib
-from ibpo_jax import host, hostmem, rewards
+from ibpo_jax import rewards
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tokenizer import CHARS, SPECIALS, CharTokenizer
+from ibpo_jax.runtime import hostmem
 from ibpo_jax.trainer.loop import Trainer, build_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -368,7 +370,7 @@ def parse_args() -> tuple[argparse.Namespace, list[str]]:
 
 def main():
     args, algos = parse_args()
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/runtime/hostmem.py)
     cores = len(os.sched_getaffinity(0))
     torch.set_num_threads(cores)  # as many as XLA:CPU, whose pool is left at its default
     compiles = _CompileClock()

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ibpo_jax.host import cpu_model
+from experiments.host import cpu_model
 
 GIB = 2 ** 30
 

@@ -1,14 +1,14 @@
 """Where the sampler's decode time goes: per-step time of `sampling.generate_fn` at a few row
 counts and depths of the tiny benchmark model (no peer; a breakdown for RESULTS.md).
 
-    python experiments/benchmarks/probe_decode.py [--new-tokens 64] [--trials 5]
+    python -m experiments.benchmarks.probe_decode [--new-tokens 64] [--trials 5]
 
 Prints one line per (rows, layers): total time of 32-token prompts -> new tokens (best of the
 trials, compile excluded), time per decode step and generated tokens/s. If the time per step grows
 with the rows, the cost is per-row work (attention over the cache, elementwise ops), not a fixed
 loop overhead.
 
-    python experiments/benchmarks/probe_decode.py --compaction configs/ibpo_gspo.py[:preset]
+    python -m experiments.benchmarks.probe_decode --compaction configs/ibpo_gspo.py[:preset]
 
 instead measures finished-row compaction on a run's first rollouts (its base policy, its
 rollout shapes): the decode row-steps with and without it (`kv_cache.row_steps` on the sampled
@@ -26,7 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ibpo_jax import host, hostmem, models, sampling
+from experiments import host
+from ibpo_jax import models
+from ibpo_jax.runtime import hostmem
+from ibpo_jax.sampler import sampling
 
 
 def decode_time(rows: int, layers: int, new_tokens: int, trials: int) -> float:
@@ -112,7 +115,7 @@ def main() -> None:
     parser.add_argument("--compaction", metavar="CONFIG", default="")
     parser.add_argument("--steps", type=int, default=3, help="rollouts (--compaction)")
     args = parser.parse_args()
-    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/hostmem.py)
+    hostmem.reuse_freed_memory()  # as the entry points do (ibpo_jax/runtime/hostmem.py)
     print(f"host: {host.cpu_model()}", flush=True)
     if args.compaction:
         compaction(args.compaction, args.steps, args.trials)

@@ -1,11 +1,11 @@
 """Page faults of XLA:CPU's per-execution temporary buffer, and what changes them (a
 breakdown for RESULTS.md).
 
-    python experiments/benchmarks/probe_host_memory.py             # jax and glibc defaults
-    python experiments/benchmarks/probe_host_memory.py --hostmem   # ibpo_jax.hostmem (used by
+    python -m experiments.benchmarks.probe_host_memory             # jax and glibc defaults
+    python -m experiments.benchmarks.probe_host_memory --hostmem   # runtime.hostmem (used by
                                                                    # the entry points)
-    python experiments/benchmarks/probe_host_memory.py --mallopt   # one arena, no mmap, no trim
-    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python experiments/benchmarks/probe_host_memory.py
+    python -m experiments.benchmarks.probe_host_memory --mallopt   # one arena, no mmap, no trim
+    GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python -m experiments.benchmarks.probe_host_memory
 
 Prints the forward + backward time of the tiny benchmark Qwen3 (16 x 128 tokens, as
 bench_model.py's train step) and the minor page faults per step (getrusage). `--hostmem` and
@@ -36,7 +36,7 @@ def main() -> None:
     if args.mallopt:
         glibc_keep_freed_memory()
     if args.hostmem:
-        from ibpo_jax import hostmem
+        from ibpo_jax.runtime import hostmem
 
         hostmem.reuse_freed_memory()
     import jax
@@ -64,7 +64,7 @@ def main() -> None:
         jax.block_until_ready(grad(m.params))
     dt = (time.perf_counter() - t0) / steps
     faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / steps
-    from ibpo_jax import host
+    from experiments import host
 
     print(f"forward + backward {dt * 1e3:.1f} ms, {faults:.0f} minor page faults per step "
           f"({host.cpu_model()})")

@@ -1,7 +1,7 @@
 """Float32 matmul rates of XLA:CPU and torch at the shapes the benchmark models use (no
 model; a breakdown for RESULTS.md).
 
-    python experiments/benchmarks/probe_matmul.py
+    python -m experiments.benchmarks.probe_matmul
 
 Training shapes (M = 16 x 128 tokens): NN = x @ W (forward), TN = x^T @ g (weight gradient),
 NT = g @ W^T (input gradient), each one jitted call, best of 5 x 20. Decode shapes (M = 64
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ibpo_jax import host
+from experiments import host
 
 
 def best(fn, inner: int = 20) -> float:

@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
-from ibpo_jax.registry import UnknownSplitError
+from ibpo_jax.config.registry import UnknownSplitError
 
 SPLIT_SEEDS = {"test": 1, "validation": 2, "train": 3}
 VERSION = "1.0.0"

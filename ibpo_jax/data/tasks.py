@@ -23,8 +23,8 @@ import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
 
+from ibpo_jax.config.registry import TASKS, UnknownSplitError
 from ibpo_jax.data import arith, countdown, formats
-from ibpo_jax.registry import TASKS, UnknownSplitError
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 CODE_STDIO_INSTRUCTION = (

@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from ibpo_jax import sharding
 from ibpo_jax.models import safetensors_io as st
 from ibpo_jax.models.config import Qwen3Config
 from ibpo_jax.models.lm import Qwen3LM, abstract_params, make_options
 from ibpo_jax.models.safetensors_io import HFCheckpointError
+from ibpo_jax.runtime import sharding
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 GENERATION_FILE = "generation_config.json"

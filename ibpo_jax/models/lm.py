@@ -18,9 +18,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import sharding
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.qwen3 import DROPOUT_RNG, Qwen3, positions_from_mask, positions_from_segments
+from ibpo_jax.runtime import sharding
 
 Array = jax.Array
 

@@ -29,9 +29,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax import sharding
 from ibpo_jax.models import attention, kv_cache, lora
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
+from ibpo_jax.runtime import sharding
 
 Array = jax.Array
 DROPOUT_RNG = "lora_dropout"  # the rng collection of the adapters' dropout (`project`)

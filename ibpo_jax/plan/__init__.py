@@ -34,7 +34,7 @@ class PlanError(ValueError):
 def _mesh(cfg: Any, devices: int | None) -> Any:
     import jax
 
-    from ibpo_jax import sharding
+    from ibpo_jax.runtime import sharding
 
     avail = jax.devices()
     n = devices or len(avail)
@@ -158,7 +158,7 @@ def resolve_microbatches(cfg: Any, mesh: Any, capacity: int, *, target: str = "c
 def usable_bytes(device: Any) -> int | None:
     """The memory a JAX process may plan for on `device`: the allocator's limit where it
     reports one (GPU, TPU), else the chip table's usable HBM, else None (CPU)."""
-    from ibpo_jax import chips
+    from ibpo_jax.runtime import chips
 
     stats = getattr(device, "memory_stats", lambda: None)()
     if stats and stats.get("bytes_limit"):
@@ -285,8 +285,8 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     plan; the others count FLOPs only. `lengths` ("paper", "metrics:PATH" or "max"): the
     response lengths the step time is also given for (`lengths.step_times`; "max": the worst
     case only)."""
-    from ibpo_jax import chips
     from ibpo_jax.plan import programs
+    from ibpo_jax.runtime import chips
 
     try:
         chip = chips.chip(hardware)

@@ -3,7 +3,7 @@
 
 Compiles every program of one RL step of the config for its mesh on N devices (simulated CPU
 devices where no accelerator is present) and prints per-device memory, FLOPs per step and a
-roofline step time on N chips of --hardware (ibpo_jax/chips.py). Exit status 0 when it fits,
+roofline step time on N chips of --hardware (ibpo_jax/runtime/chips.py). Exit status 0 when it fits,
 1 with one line naming the program, the bytes and the knob when it does not, 2 for a config or
 hardware error (one line).
 """
@@ -22,7 +22,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(prog="python -m ibpo_jax.plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/ibpo_gspo.py", help="config file[:preset]")
-    p.add_argument("--hardware", required=True, help="a chip of ibpo_jax/chips.py, e.g. h100")
+    p.add_argument("--hardware", required=True,
+                   help="a chip of ibpo_jax/runtime/chips.py, e.g. h100")
     p.add_argument("--devices", type=int, default=0,
                    help="chips (default: every accelerator present; on CPU the preset's "
                    "hardware count, else the product of the mesh's fixed axes)")
@@ -118,7 +119,8 @@ def _lengths_lines(lengths: dict | None) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse(sys.argv[1:] if argv is None else argv)
-    from ibpo_jax import chips, config
+    from ibpo_jax import config
+    from ibpo_jax.runtime import chips
 
     try:
         cfg = config.load(args.config, config.parse_overrides(rest))

@@ -104,8 +104,8 @@ def _refill(queue: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
 
 def today(lengths: np.ndarray, slots: int, max_new_tokens: int, compact: bool) -> dict:
     """The sampler as it is: calls of `slots` rows, each until its longest row ends."""
-    from ibpo_jax import sampling
     from ibpo_jax.models import kv_cache
+    from ibpo_jax.sampler import sampling
 
     steps = row_steps = 0
     for i in range(0, len(lengths), slots):
@@ -188,7 +188,7 @@ def step_times(source: str, lengths: np.ndarray, cfg: Any, decode_step_s: float,
     """The plan's step time under one step's `lengths` (from `source`): for each schedule its
     counts, decode time (decode steps x `decode_step_s`) and step time (the worst-case
     `step_s` with its `decode_runs` decode steps replaced by these)."""
-    from ibpo_jax import sampling
+    from ibpo_jax.sampler import sampling
 
     r = cfg.rollout
     n = r.max_new_tokens

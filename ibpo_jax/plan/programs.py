@@ -25,10 +25,12 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import models, sampling, sharding
+from ibpo_jax import models
 from ibpo_jax.config import RunConfig
 from ibpo_jax.models import kv_cache, lora
 from ibpo_jax.plan import flops as flops_lib
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import TrainState, make_optimizer
 

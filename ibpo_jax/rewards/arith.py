@@ -3,8 +3,8 @@ the first wrong step (the step-level ground truth) in the info."""
 
 from __future__ import annotations
 
+from ibpo_jax.config.registry import REWARDS
 from ibpo_jax.data import arith
-from ibpo_jax.registry import REWARDS
 
 
 @REWARDS.register("arith")

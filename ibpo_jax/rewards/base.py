@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ibpo_jax.registry import REWARDS
+from ibpo_jax.config.registry import REWARDS
 
 
 @dataclasses.dataclass(frozen=True)

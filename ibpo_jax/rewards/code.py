@@ -39,8 +39,8 @@ import tempfile
 import time
 from collections.abc import Collection, Mapping, Sequence
 
+from ibpo_jax.config.registry import REWARDS
 from ibpo_jax.data.formats import decode_lcb_tests
-from ibpo_jax.registry import REWARDS
 
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_harness.py")
 LAYERS_FILE = os.path.join(os.path.dirname(HARNESS), "_layers.py")

@@ -3,8 +3,8 @@ right and the answer line names the target reached; the first wrong step in the 
 
 from __future__ import annotations
 
+from ibpo_jax.config.registry import REWARDS
 from ibpo_jax.data import countdown
-from ibpo_jax.registry import REWARDS
 
 
 @REWARDS.register("countdown")

@@ -22,7 +22,7 @@ import threading
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
-from ibpo_jax.registry import REWARDS
+from ibpo_jax.config.registry import REWARDS
 
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _ANSWER_LINE_RE = re.compile(r"^\s*(?:final answer|answer)\s*[:：]\s*(.+?)\s*$",

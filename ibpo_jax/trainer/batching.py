@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ibpo_jax import sampling, sharding
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 
 
 class PromptBatch(NamedTuple):

@@ -42,7 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from ibpo_jax import hostmem, sharding
+from ibpo_jax.runtime import hostmem, sharding
 from ibpo_jax.trainer.errors import RunError
 
 _SHOWN = 3  # mismatched leaves named in an error

@@ -14,9 +14,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax import advantages, comparison
-from ibpo_jax.config_sections import IbpoConfig
-from ibpo_jax.registry import ESTIMATORS
+from ibpo_jax.config.registry import ESTIMATORS
+from ibpo_jax.config.sections import IbpoConfig
+from ibpo_jax.core import advantages, comparison
 from ibpo_jax.trainer.spec import StepSpec
 
 
@@ -79,18 +79,23 @@ def trained_reward(rollout: Rollout) -> jax.Array:
 
 def group_advantages(spec: StepSpec, rollout: Rollout, phi: jax.Array,
                      delta: jax.Array | None = None) -> jax.Array:
-    """The group estimator's advantages [N] (or [N, R] with per-token credit `delta` [N, R]);
-    zeros for PPO, whose GAE needs the value head (`step.update`)."""
-    if spec.is_ppo:
+    """The group estimator's advantages [N] (or [N, R] with per-token credit `delta` [N, R]:
+    the run's "token" estimator); zeros for a "value" estimator (PPO's GAE), which needs the
+    value head (`step.with_advantages`). Without `delta` under token credit: grpo, the
+    sequence-level advantages the metrics report."""
+    estimator = ESTIMATORS.get(spec.estimator)
+    if advantages.estimator_kind(estimator) == "value":
         return jnp.zeros_like(rollout.reward)
     g, rewards = spec.group_size, groups(trained_reward(rollout), spec.group_size)
     kw = dict(lam=spec.ibpo.lam, normalize_std=spec.advantage.normalize_std,
               eps=spec.advantage.eps, ddof=spec.advantage.ddof,
               valid=None if rollout.valid is None else groups(rollout.valid, g))
     if delta is not None:
-        adv = ESTIMATORS.get(spec.estimator)(rewards, phi, groups(delta, g), **kw)
+        adv = estimator(rewards, phi, groups(delta, g), **kw)
         return adv.reshape(rollout.response.shape)
-    return ESTIMATORS.get("grpo")(rewards, phi, **kw).reshape(-1)
+    if advantages.estimator_kind(estimator) != "group":
+        estimator = ESTIMATORS.get("grpo")
+    return estimator(rewards, phi, **kw).reshape(-1)
 
 
 def response_units(spec: StepSpec, rollout: Rollout, is_delim: jax.Array

@@ -26,8 +26,9 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ibpo_jax import sampling, sharding
 from ibpo_jax.config import RunConfig
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer.batching import PromptBatch
 from ibpo_jax.trainer.credit import Rollout
 

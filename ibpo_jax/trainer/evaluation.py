@@ -18,7 +18,7 @@ import jax
 import numpy as np
 import tqdm
 
-from ibpo_jax.sharding import host_array
+from ibpo_jax.runtime.sharding import host_array
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts, score_shared
 
 EVAL_KEY = 0x5EED  # evaluation draws do not depend on the training step or seed

@@ -31,9 +31,10 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 import jax
 import numpy as np
 
-from ibpo_jax import models, sampling
+from ibpo_jax import models
 from ibpo_jax.config import RunConfig
-from ibpo_jax.registry import METHODS
+from ibpo_jax.config.registry import METHODS
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import batching, rounds
 from ibpo_jax.trainer.credit import Rollout
 from ibpo_jax.trainer.rounds import FirstRound, Round

@@ -24,11 +24,12 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import models, sharding
+from ibpo_jax import models
 from ibpo_jax import rewards as rewards_lib
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.models import hf_io, lora
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import batching, evaluation, hooks, packing, pg_variance, policy, rounds, step
 from ibpo_jax.trainer import dynamic as dynamic_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib

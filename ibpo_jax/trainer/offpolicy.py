@@ -48,9 +48,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import sampling, sharding
-from ibpo_jax.config_sections import RolloutConfig
+from ibpo_jax.config.sections import RolloutConfig
 from ibpo_jax.data.sampler import IndexSampler
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import checkpoint
 
 # A record's entry of a pending batch before its arrays became the checkpoint's own item

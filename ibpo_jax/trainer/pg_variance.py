@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ibpo_jax import losses
+from ibpo_jax.core import losses
 from ibpo_jax.trainer import credit as credit_lib
 from ibpo_jax.trainer import packing, step
 from ibpo_jax.trainer.state import TrainState

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ibpo_jax import sharding
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer.batching import decode_responses, encode_prompts
 from ibpo_jax.trainer.credit import Credit, Rollout
 

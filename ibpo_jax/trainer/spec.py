@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ibpo_jax import config, losses, models
+from ibpo_jax import config, models
+from ibpo_jax.core import losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,11 @@ class StepSpec:
 
     @property
     def estimator(self) -> str:
-        """The registry.ESTIMATORS name of the group estimators (DESIGN §3; PPO: GAE)."""
+        """The registry.ESTIMATORS name of the run's estimator (DESIGN §3): the config's
+        `advantage.estimator`, or for "auto" GAE with PPO, grpo_token with token credit, else
+        grpo."""
+        if self.advantage.estimator != "auto":
+            return self.advantage.estimator
         return "gae" if self.is_ppo else "grpo_token" if self.ibpo.credit == "token" else "grpo"
 
     @property

@@ -10,10 +10,10 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax import sharding
 from ibpo_jax.config import OptimConfig, RunConfig
 from ibpo_jax.models import lora
-from ibpo_jax.sampling import compute_weights
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler.sampling import compute_weights
 
 
 class TrainState(NamedTuple):

@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from ibpo_jax import advantages, cancellation, losses, models
-from ibpo_jax.registry import KL_ESTIMATORS, LOSSES
+from ibpo_jax import models
+from ibpo_jax.config.registry import ESTIMATORS, KL_ESTIMATORS, LOSSES
+from ibpo_jax.core import advantages, cancellation, losses
 from ibpo_jax.trainer import packing
 from ibpo_jax.trainer.credit import Credit, Rollout, credit, response_mask  # noqa: F401  (credit, Credit, Rollout: the step's API)
 from ibpo_jax.trainer.credit import groups as _groups
@@ -324,7 +325,8 @@ def with_advantages(spec: StepSpec, batch: _Batch, cred: Credit) -> _Batch:
     adv, returns = advantages.ppo_advantages(
         terminal_reward=cred.shaped.reshape(-1), values=batch.old_values, mask=batch.mask,
         gamma=spec.advantage.gamma, lam=spec.advantage.gae_lambda,
-        whiten=spec.advantage.normalize_std, eps=spec.advantage.eps)
+        whiten=spec.advantage.normalize_std, eps=spec.advantage.eps,
+        estimator=ESTIMATORS.get(spec.estimator))
     return batch._replace(adv=adv, returns=returns)
 
 

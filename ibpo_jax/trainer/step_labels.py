@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ibpo_jax import comparison, sharding, units
-from ibpo_jax.config_sections import ConfigError, IbpoConfig
+from ibpo_jax.config.sections import ConfigError, IbpoConfig
+from ibpo_jax.core import comparison, units
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer.batching import decode_responses
 
 

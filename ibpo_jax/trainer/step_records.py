@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ibpo_jax import sharding
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import step
 
 

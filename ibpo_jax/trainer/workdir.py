@@ -119,7 +119,7 @@ class StopRequest:
             return self.signum is not None
         import numpy as np
 
-        from ibpo_jax import sharding
+        from ibpo_jax.runtime import sharding
 
         flag = sharding.process_max(np.array([self.signum or 0], np.int64))[0]
         if flag and self.signum is None:

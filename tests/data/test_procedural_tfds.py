@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
+from ibpo_jax.config.registry import UnknownSplitError
 from ibpo_jax.data import procedural_tfds
-from ibpo_jax.registry import UnknownSplitError
 
 
 def check_plain_splits(splits: dict, sizes: dict[str, int], types: dict[str, type]) -> dict:

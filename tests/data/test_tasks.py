@@ -5,8 +5,8 @@ import pickle
 
 import pytest
 
+from ibpo_jax.config.registry import TASKS, UnknownNameError
 from ibpo_jax.data import get_task
-from ibpo_jax.registry import TASKS, UnknownNameError
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 FILE_TASKS = {

@@ -11,7 +11,8 @@ import pytest
 
 from experiments import base_probe, prefix_rules
 from experiments import prefix_credit as pc
-from ibpo_jax import config, losses
+from ibpo_jax import config
+from ibpo_jax.core import losses
 from ibpo_jax.data import arith, countdown
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer.checkpoint import Checkpointer

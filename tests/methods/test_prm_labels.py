@@ -5,8 +5,8 @@ import jax
 import numpy as np
 import pytest
 
-from ibpo_jax import sampling
 from ibpo_jax.methods.prm import labels as prm_labels
+from ibpo_jax.sampler import sampling
 from tests.methods.test_prm_model import ARCH, OPTIONS, TOK, tiny_params
 
 PAD, EOS, NL, BAD, WRONG_END = 0, 2, 3, 13, 11

@@ -21,7 +21,7 @@ def test_one_process():
 _SCRIPT = '''
 import json
 import jax
-from ibpo_jax import sharding
+from ibpo_jax.runtime import sharding
 from ibpo_jax.methods.prm.method import _truth
 
 sharding.initialize_distributed(True)
@@ -53,8 +53,8 @@ def test_step_metrics_leave_dynamic_sampling_fillers_out():
     import jax
     import jax.numpy as jnp
 
-    from ibpo_jax import sharding
     from ibpo_jax.methods.prm.method import PrmReward
+    from ibpo_jax.runtime import sharding
     from ibpo_jax.trainer.credit import Rollout
     from ibpo_jax.trainer.hooks import Scored
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from ibpo_jax import config
-from ibpo_jax.registry import METHODS
+from ibpo_jax.config.registry import METHODS
 from ibpo_jax.trainer import loop
 from ibpo_jax.trainer.hooks import Method, Scored
 

@@ -16,8 +16,9 @@ from jax.sharding import NamedSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from ibpo_jax import models, sharding
+from ibpo_jax import models
 from ibpo_jax.models import ArchitectureError, HFCheckpointError, hf_io
+from ibpo_jax.runtime import sharding
 from tests.models.hf_helpers import hf_logits, hf_model, left_padded_batch, saved
 
 

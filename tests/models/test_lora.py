@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from ibpo_jax import models, sharding
+from ibpo_jax import models
 from ibpo_jax.models import lora, qwen3
+from ibpo_jax.runtime import sharding
 from tests.models.hf_helpers import hf_logits, left_padded_batch
 
 CFG = models.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=48,

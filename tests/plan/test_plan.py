@@ -115,7 +115,8 @@ def test_microbatches_auto_and_errors():
 def test_trainer_resolves_auto_to_one_at_once_for_small_configs():
     """The smoke config's update is tiny next to the host: DESIGN §9's estimate settles
     "auto" at 1 without compiling anything."""
-    from ibpo_jax import plan, sharding
+    from ibpo_jax import plan
+    from ibpo_jax.runtime import sharding
 
     cfg = config.load("configs/ibpo_gspo.py:smoke", [("optim.microbatches", "auto")])
     mesh = sharding.make_mesh(data=-1, devices=jax.devices()[:1])
@@ -137,7 +138,8 @@ def test_a_cpu_run_that_will_not_fit_the_host_is_refused_naming_the_figures(monk
     checkpoint's host copy of the train state must fit the memory available; the smoke run
     fits a real host (DESIGN §9's estimate settles it without compiling), and is refused on a
     host of 1 MiB with one line giving both figures and what to change."""
-    from ibpo_jax import plan, sharding
+    from ibpo_jax import plan
+    from ibpo_jax.runtime import sharding
 
     cfg = config.load("configs/ibpo_gspo.py:smoke")
     mesh = sharding.make_mesh(data=-1, devices=jax.devices()[:1])
@@ -151,7 +153,7 @@ def test_a_cpu_run_that_will_not_fit_the_host_is_refused_naming_the_figures(monk
     assert "(1 micro-batch) and a checkpoint's host copy of the train state" in line
     assert line.endswith("train LoRA adapters (--config.model.lora.rank), or on a host with "
                          "more memory")
-    from ibpo_jax import cli
+    from ibpo_jax.trainer import cli
 
     assert isinstance(refused.value, cli.user_errors())  # one line from the entry points
 

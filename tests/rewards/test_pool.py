@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
+from ibpo_jax.config.registry import REWARDS
 from ibpo_jax.data import arith
-from ibpo_jax.registry import REWARDS
 from ibpo_jax.rewards import Reward, RewardPool, get_reward
 from tests.rewards.hostile_rewards import behave
 

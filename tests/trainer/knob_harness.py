@@ -10,7 +10,8 @@ import shutil
 
 import jax
 
-from ibpo_jax import config, sharding
+from ibpo_jax import config
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import loop
 from ibpo_jax.trainer.logs import read_metrics
 

@@ -31,7 +31,7 @@ def batch(n):
 '''
 _SCRIPT = _POOL + '''
 import json
-from ibpo_jax import sharding
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import batching
 
 sharding.initialize_distributed(True)

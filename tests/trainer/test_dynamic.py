@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import advantages, config, models
-from ibpo_jax.config_schema import ConfigError
+from ibpo_jax import config, models
+from ibpo_jax.config.schema import ConfigError
+from ibpo_jax.core import advantages
 from ibpo_jax.trainer import dynamic, packing, step, step_records
 from ibpo_jax.trainer.state import init_state, make_optimizer
 from tests.trainer.test_step import (
@@ -247,7 +248,7 @@ def _sampled(r, b, g, width, mesh):
 
 
 def test_assemble_takes_the_picked_groups_rows_and_marks_the_fillers():
-    from ibpo_jax import sharding
+    from ibpo_jax.runtime import sharding
 
     mesh = sharding.make_mesh(data=1, devices=jax.devices()[:1])
     b, g = 2, 2

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ibpo_jax import config
-from ibpo_jax.registry import METHODS, UnknownNameError
+from ibpo_jax.config.registry import METHODS, UnknownNameError
 from ibpo_jax.trainer import hooks
 
 

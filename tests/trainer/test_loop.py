@@ -203,7 +203,7 @@ def test_compare_runs_script_summarizes_a_finished_run(uninterrupted_dir, uninte
 def test_a_run_writes_eval_samples_grouped_tags_and_a_plot(uninterrupted_dir, uninterrupted,
                                                            tmp_path):
     """What people read of a run: config.logging.samples evaluation samples per evaluation in
-    samples.jsonl, TensorBoard scalars under the five groups, `python -m ibpo_jax.plot`."""
+    samples.jsonl, TensorBoard scalars under the five groups, `python -m ibpo_jax.trainer.plot`."""
     from tests.trainer.test_logs import GROUPS, read_events
 
     cfg = json.loads((uninterrupted_dir / "config.json").read_text())
@@ -222,7 +222,7 @@ def test_a_run_writes_eval_samples_grouped_tags_and_a_plot(uninterrupted_dir, un
     assert {"eval/eval_accuracy", "train/reward_mean", "credit/phi_mean"} <= tags
     assert any(t.startswith("samples/") for t, _, kind in events if kind == "tensor")
     out = tmp_path / "curves.png"
-    subprocess.run([sys.executable, "-m", "ibpo_jax.plot", str(uninterrupted_dir), "--out",
+    subprocess.run([sys.executable, "-m", "ibpo_jax.trainer.plot", str(uninterrupted_dir), "--out",
                     str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)
     assert out.read_bytes().startswith(b"\x89PNG")
 

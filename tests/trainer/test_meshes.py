@@ -6,7 +6,8 @@ mesh over all 8 in another split than the (2, 2, 2) training mesh."""
 import jax
 import pytest
 
-from ibpo_jax import config, sharding
+from ibpo_jax import config
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import loop, offpolicy
 from tests.trainer.knob_harness import MESH, SMOKE_EXACT, assert_close, smoke_cfg
 

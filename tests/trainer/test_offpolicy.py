@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import config, sampling, sharding
-from ibpo_jax.config_schema import ConfigError
+from ibpo_jax import config
+from ibpo_jax.config.schema import ConfigError
 from ibpo_jax.data.sampler import IndexSampler
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import checkpoint, loop, offpolicy
 from tests.trainer.knob_harness import (
     SMOKE_EXACT,

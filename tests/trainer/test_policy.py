@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from ibpo_jax import config, sharding
+from ibpo_jax import config
+from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import policy, run_tasks
 
 

@@ -38,7 +38,7 @@ def test_slot_arrays_put_each_result_at_its_row_and_leave_the_rest_invalid():
 def test_joined_rows_left_pad_the_first_round_prompts_to_the_second_round_width():
     import jax
 
-    from ibpo_jax import sharding
+    from ibpo_jax.runtime import sharding
 
     n, r = 4, 3
     first = rounds.FirstRound(
@@ -80,7 +80,7 @@ class _Recorder:
     """A sampler stand-in: response row i is [i + 1] * 3, length i % 3 + 1; records prompts."""
 
     def __call__(self, params, tokens, lengths, key):
-        from ibpo_jax.sampling import SampleOutput
+        from ibpo_jax.sampler.sampling import SampleOutput
 
         self.tokens, n = tokens, len(tokens)
         resp = np.repeat(np.arange(1, n + 1, dtype=np.int32)[:, None], 3, 1)
@@ -91,8 +91,8 @@ class _Recorder:
 def test_sample_pads_the_prompt_count_to_a_bucket_and_keeps_the_real_rows():
     import jax
 
-    from ibpo_jax import sharding
     from ibpo_jax.data.tokenizer import CharTokenizer
+    from ibpo_jax.runtime import sharding
 
     tok, gen = CharTokenizer(), _Recorder()
     mesh = sharding.make_mesh(data=1, fsdp=1, tensor=1, devices=jax.devices()[:1])

@@ -7,8 +7,8 @@ import pytest
 
 from ibpo_jax import config
 from ibpo_jax.config import ConfigError
+from ibpo_jax.config.registry import TASKS
 from ibpo_jax.data.tokenizer import CharTokenizer
-from ibpo_jax.registry import TASKS
 from ibpo_jax.trainer import loop, run_tasks
 
 # A small countdown: a 200-problem training split and a short warm start keep it seconds long.

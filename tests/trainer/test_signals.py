@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from ibpo_jax import cli
 from ibpo_jax.data.tokenizer import CharTokenizer
+from ibpo_jax.trainer import cli
 from ibpo_jax.trainer.logs import read_metrics
 from tests.trainer.test_loop import ROOT, _appendix_a, _comparable, _train_cmd
 

@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import advantages, config, models
+from ibpo_jax import config, models
+from ibpo_jax.core import advantages
 from ibpo_jax.trainer import packing, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
 

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ibpo_jax import comparison
-from ibpo_jax.config_sections import ConfigError, IbpoConfig
+from ibpo_jax.config.sections import ConfigError, IbpoConfig
+from ibpo_jax.core import comparison
 from ibpo_jax.data import countdown, tasks
 from ibpo_jax.trainer import credit, step_labels
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ibpo_jax.config_schema import Section
+from ibpo_jax.config.schema import Section
 
 
 @dataclasses.dataclass(frozen=True)

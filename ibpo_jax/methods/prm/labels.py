@@ -20,8 +20,8 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from ibpo_jax import sharding
 from ibpo_jax.methods.prm import model as prm
+from ibpo_jax.runtime import sharding
 
 # judge(rows [m] index of the originating response, tokens [m, L] int32 (pad after each
 # length), lengths [m]) -> [m] bool: is this full response correct.

@@ -26,10 +26,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ibpo_jax import sampling, sharding
+from ibpo_jax.config.registry import METHODS
 from ibpo_jax.methods.prm import labels
 from ibpo_jax.methods.prm import model as prm
-from ibpo_jax.registry import METHODS
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import credit as credit_lib
 from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.hooks import Context, Method, Scored

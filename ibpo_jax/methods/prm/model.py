@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from ibpo_jax.core.numerics import safe_div
 from ibpo_jax.models.config import ModelOptions, Qwen3Config
 from ibpo_jax.models.lm import final_hidden
-from ibpo_jax.numerics import safe_div
 
 Array = jax.Array
 Head = dict[str, Array]

@@ -15,8 +15,8 @@ import jax
 import numpy as np
 
 from ibpo_jax.config import ConfigError
+from ibpo_jax.config.registry import METHODS
 from ibpo_jax.data import followups
-from ibpo_jax.registry import METHODS
 from ibpo_jax.trainer.batching import decode_responses, score_shared
 from ibpo_jax.trainer.hooks import Method, Scored
 from ibpo_jax.trainer.rounds import TEMPLATE_ROOM, FirstRound, Round, slot_arrays
