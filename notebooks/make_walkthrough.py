@@ -16,8 +16,8 @@ the shaped advantages (eq. 5, eqs. 10-11), and the token gradient cancellation d
     ("code", """import jax.numpy as jnp
 import numpy as np
 
-from ibpo_jax.core import advantages, cancellation, comparison, losses
 from ibpo_jax.config import LossConfig  # a losses.LossSpec with documented, checked fields
+from ibpo_jax.core import advantages, cancellation, comparison, losses
 from ibpo_jax.data import arith
 from ibpo_jax.data.tokenizer import CharTokenizer
 

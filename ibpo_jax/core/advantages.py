@@ -307,8 +307,9 @@ def ppo_advantages(
     """
     valid = jnp.asarray(mask).astype(bool)
     last = jax.nn.one_hot(jnp.sum(valid, axis=-1) - 1, valid.shape[1]) * valid
-    adv, returns = (estimator or gae)(rewards=last * jnp.asarray(terminal_reward, jnp.float32)[:, None],
-                       values=values, mask=valid, gamma=gamma, lam=lam)
+    rewards = last * jnp.asarray(terminal_reward, jnp.float32)[:, None]
+    adv, returns = (estimator or gae)(rewards=rewards, values=values, mask=valid, gamma=gamma,
+                                      lam=lam)
     if whiten:
         n = jnp.maximum(jnp.sum(valid), 1)
         mean = jnp.sum(jnp.where(valid, adv, 0.0)) / n

@@ -49,7 +49,8 @@ def test_freed_blocks_are_reused_instead_of_faulted_in_again():
 
 
 def test_refuses_once_the_backend_is_running():
-    code = ("import jax; jax.numpy.zeros(1).block_until_ready(); from ibpo_jax.runtime import hostmem\n"
+    code = ("import jax; jax.numpy.zeros(1).block_until_ready()\n"
+            "from ibpo_jax.runtime import hostmem\n"
             "try:\n    hostmem.reuse_freed_memory()\nexcept RuntimeError as e:\n"
             "    print('refused:', e)")
     out = subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
