@@ -44,12 +44,12 @@ def sample_batch(trainer: loop.Trainer, k: int) -> Batch:
     g = trainer.cfg.rollout.group_size
     with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
         key = jax.random.fold_in(trainer.seed_key, k)
-    records, prompts, out = trainer.sample(key)
+    records, prompts, out = trainer.collector.sample(key, trainer.policy)
     rows, tokens = sharding.local_rows(out.tokens)
     lengths = sharding.host_array(out.lengths)
-    reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
-                                                  lengths[rows])
-    rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    reward, correct, ended, infos = trainer.collector.score(
+        [records[i // g] for i in rows], tokens, lengths[rows])
+    rollout, _ = trainer.collector.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
     return Batch(prompts, rollout, correct, infos, records)
 
 

@@ -79,7 +79,8 @@ def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows
         pad_id=trainer.tokenizer.pad_id, num_samples=COMPLETIONS, mesh=trainer.mesh)
 
     def judge(m, tokens, lengths):
-        return trainer.score([batch.records[int(rows[i]) // g] for i in m], tokens, lengths)[1]
+        recs = [batch.records[int(rows[i]) // g] for i in m]
+        return trainer.collector.score(recs, tokens, lengths)[1]
 
     with jax.set_mesh(trainer.mesh):
         mc = labels.monte_carlo_labels(

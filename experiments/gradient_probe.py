@@ -65,8 +65,8 @@ def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int 
         for k in range(batches):
             batch = base_probe.sample_batch(trainer, k)
             prompt_len = np.repeat(batch.prompts.lengths, g)
-            plan = trainer.packing_plan(prompt_len, prompt_len, batch.prompts.tokens.shape[1],
-                                        0, identity=True)
+            plan = trainer.packer.plan(prompt_len, prompt_len, batch.prompts.tokens.shape[1], 0,
+                                       whole_groups=True)
             for label, (credit_fn, measure_fn) in fns.items():
                 with jax.set_mesh(trainer.mesh):
                     cred, metrics = credit_fn(batch.rollout, trainer.is_delim)

@@ -278,8 +278,8 @@ def scored(trainer: loop.Trainer, records: list[dict], prompts, out) -> tuple:
     if len(rows) != len(lengths):
         raise RuntimeError("prefix_credit runs on one process (each needs every row)")
     recs = [records[i // g] for i in rows]
-    reward, correct, ended, infos = trainer.score(recs, tokens, lengths[rows])
-    rollout, _ = trainer.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    reward, correct, ended, infos = trainer.collector.score(recs, tokens, lengths[rows])
+    rollout, _ = trainer.collector.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
     return rollout, recs, np.asarray(tokens), np.asarray(lengths[rows]), correct, infos
 
 
@@ -317,7 +317,7 @@ def measure_base(preset: str, extra: tuple, seed: int, batches: int) -> dict:
         for k in range(batches):
             with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
                 key = jax.random.fold_in(trainer.seed_key, k)
-            part.add(trainer, cr, scored(trainer, *trainer.sample(key)))
+            part.add(trainer, cr, scored(trainer, *trainer.collector.sample(key, trainer.policy)))
     return {"preset": preset, "overrides": [*extra, ("seed", str(seed))], "seed": seed,
             "base": base, "batches": batches, "rule": reward, "base_policy": part.summary(),
             **_provenance()}

@@ -14,17 +14,19 @@ System at Scale", arXiv:2503.14476) around the RL step's sampling (issue 45, DES
   out of the loss; "soft" (soft overlong punishment, eq. 13) adds a length penalty to R.
 
 `sample_scored` is one round (sample -> score), `collect_rounds` the step's rounds; both are
-functions of the step key, the params and the data sampler only (an off-policy collector may
-run them in a thread of its own).
+functions of the step key, the params and the data position only (an off-policy collector may
+run them in a thread of its own), reading the run through a `RoundSource`
+(`collect.Collector`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from ibpo_jax.config import RunConfig
 from ibpo_jax.runtime import sharding
@@ -58,17 +60,31 @@ class Sampled(NamedTuple):
     valid: np.ndarray | None = None  # [N] bool: False on the filler groups' rows
 
 
-def sample_scored(trainer: Any, key: jax.Array, params: Any) -> Sampled:
+class RoundSource(Protocol):
+    """What a round reads of the run: its config and mesh, the next prompts with their samples
+    (`sample`), the verifier (`score`)."""
+
+    cfg: RunConfig
+    mesh: Mesh
+
+    def sample(self, key: jax.Array, params: Any
+               ) -> tuple[list[dict], PromptBatch, sampling.SampleOutput]: ...
+
+    def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]: ...
+
+
+def sample_scored(source: RoundSource, key: jax.Array, params: Any) -> Sampled:
     """One round: the data sampler's next B prompts, G samples of each with `params` and
     `key`, each process scoring the rows its devices hold."""
-    g = trainer.cfg.rollout.group_size
+    g = source.cfg.rollout.group_size
     t0 = time.perf_counter()
-    records, prompts, out = trainer.sample(key, params)
+    records, prompts, out = source.sample(key, params)
     # Every row's length is needed by all processes (the packing plan).
     rows, tokens = sharding.local_rows(out.tokens)
     lengths = sharding.host_array(out.lengths)
     t1 = time.perf_counter()
-    reward, correct, ended, infos = trainer.score([records[i // g] for i in rows], tokens,
+    reward, correct, ended, infos = source.score([records[i // g] for i in rows], tokens,
                                                   lengths[rows])
     times = {"time_rollout_s": t1 - t0, "time_reward_s": time.perf_counter() - t1}
     return Sampled(records, prompts, out, rows, reward, correct, ended, infos, lengths, times,
@@ -106,35 +122,37 @@ def _everywhere(x: np.ndarray, rows: np.ndarray, n: int, mesh: Any) -> np.ndarra
     return sharding.host_array(placed).astype(x.dtype)
 
 
-def collect_rounds(trainer: Any, key: jax.Array, params: Any) -> tuple[Sampled, dict[str, float]]:
+def collect_rounds(source: RoundSource, key: jax.Array, params: Any
+                   ) -> tuple[Sampled, dict[str, float]]:
     """The step's batch: one round, or with `rollout.dynamic_sampling` as many as it takes to
     find B groups whose raw R is mixed (`max_sampling_rounds` at most), and its metrics."""
-    cfg = trainer.cfg.rollout
-    first = sample_scored(trainer, key, params)
+    cfg = source.cfg.rollout
+    first = sample_scored(source, key, params)
     if not cfg.dynamic_sampling:
         return first, {}
     b, g, n = cfg.prompts_per_step, cfg.group_size, len(first.lengths)
     rounds = [first]
-    mixed = [mixed_groups(reward=_everywhere(first.reward, first.rows, n, trainer.mesh), g=g)]
+    mixed = [mixed_groups(reward=_everywhere(first.reward, first.rows, n, source.mesh), g=g)]
     while sum(int(m.sum()) for m in mixed) < b and len(rounds) < cfg.max_sampling_rounds:
-        with jax.set_mesh(trainer.mesh):  # keys placed like the step key: one sampler compile
+        with jax.set_mesh(source.mesh):  # keys placed like the step key: one sampler compile
             k = round_key(key, len(rounds))
-        rounds.append(sample_scored(trainer, k, params))
+        rounds.append(sample_scored(source, k, params))
         got = rounds[-1]
-        mixed.append(mixed_groups(reward=_everywhere(got.reward, got.rows, n, trainer.mesh),
+        mixed.append(mixed_groups(reward=_everywhere(got.reward, got.rows, n, source.mesh),
                                   g=g))
     picks, n_mixed = choose_groups(mixed=mixed, b=b)
     found = sum(int(m.sum()) for m in mixed)
     stats = {"sampling_rounds": float(len(rounds)), "trajectories_sampled": float(len(rounds) * n),
              "groups_filtered": float(len(rounds) * b - found), "groups_mixed": float(n_mixed),
              "tokens_sampled": float(sum(int(r.lengths.sum()) for r in rounds))}
-    return assemble(trainer, rounds, picks, n_mixed), stats
+    return assemble(source, rounds, picks, n_mixed), stats
 
 
-def assemble(trainer: Any, rounds: list[Sampled], picks: np.ndarray, n_mixed: int) -> Sampled:
+def assemble(source: RoundSource, rounds: list[Sampled], picks: np.ndarray, n_mixed: int
+             ) -> Sampled:
     """The rows of the picked groups (`choose_groups`) as one batch of B groups, the same
     shapes every step (one compile): the first n_mixed groups valid, the fillers not."""
-    g, mesh = trainer.cfg.rollout.group_size, trainer.mesh
+    g, mesh = source.cfg.rollout.group_size, source.mesh
     n = len(rounds[0].lengths)
     src = np.repeat(picks[:, 0], g)  # each new row's round and row there
     row = (picks[:, 1:] * g + np.arange(g)).reshape(-1)
@@ -151,25 +169,25 @@ def assemble(trainer: Any, rounds: list[Sampled], picks: np.ndarray, n_mixed: in
                           sum(r.prompts.truncated for r in rounds))
     rows, tokens = sharding.local_rows(out.tokens)
     lengths = sharding.host_array(out.lengths)
-    infos = _reports(trainer, rounds, src[rows], row[rows], records, rows, tokens, lengths)
+    infos = _reports(source, rounds, src[rows], row[rows], records, rows, tokens, lengths)
     times = {k: sum(r.times[k] for r in rounds) for k in rounds[0].times}
     return Sampled(records, prompts, out, rows, *(whole[f][rows] for f in whole), infos, lengths,
                  times, sum(r.sampled for r in rounds), np.arange(n) < n_mixed * g)
 
 
-def _reports(trainer: Any, rounds: list[Sampled], src: np.ndarray, row: np.ndarray,
+def _reports(source: RoundSource, rounds: list[Sampled], src: np.ndarray, row: np.ndarray,
              records: list[dict], rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray
              ) -> list[dict]:
     """The verifier's reports of this process's rows of the assembled batch (rows [n], from
     round src[i]'s row row[i]): the ones it scored in their round, the rest (on several
     processes, rows it did not hold there) scored again now (the same record and text)."""
-    g = trainer.cfg.rollout.group_size
+    g = source.cfg.rollout.group_size
     known = [dict(zip(r.rows.tolist(), r.infos)) for r in rounds]
     infos = [known[s].get(int(j)) for s, j in zip(src, row)]
     missing = [i for i, info in enumerate(infos) if info is None]
     if missing:
         m = np.array(missing)
-        again = trainer.score([records[rows[i] // g] for i in missing], tokens[m],
+        again = source.score([records[rows[i] // g] for i in missing], tokens[m],
                               lengths[rows[m]])[3]
         for i, info in zip(missing, again):
             infos[i] = info

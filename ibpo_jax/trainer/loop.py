@@ -16,13 +16,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import models
 from ibpo_jax import rewards as rewards_lib
@@ -31,13 +29,13 @@ from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.models import hf_io, lora
 from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import batching, evaluation, hooks, packing, pg_variance, policy, rounds, step
+from ibpo_jax.trainer import collect as collect_lib
 from ibpo_jax.trainer import dynamic as dynamic_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib
-from ibpo_jax.trainer import step_labels as labels_lib
 from ibpo_jax.trainer import step_records as records_lib
 from ibpo_jax.trainer import workdir as workdir_lib
-from ibpo_jax.trainer.batching import encode_prompts
 from ibpo_jax.trainer.checkpoint import Checkpointer
+from ibpo_jax.trainer.collect import Collected
 from ibpo_jax.trainer.logs import RunLog, read_metrics, summary_table
 from ibpo_jax.trainer.run_tasks import (
     build_task,  # noqa: F401 - loop.build_task and loop.default_split: evaluate, benchmarks
@@ -60,23 +58,6 @@ def reward_pool(cfg: RunConfig, name: str) -> rewards_lib.RewardPool:
     pool = rewards_lib.RewardPool(reward, num_workers=cfg.reward.num_workers,
                                   timeout_s=cfg.reward.timeout_s)
     return offpolicy_lib.Serialized(pool) if cfg.rollout.off_policy_steps else pool  # 2 threads
-
-
-class Collected(NamedTuple):
-    """One step's sampled and scored batch (`Trainer.collect`): its prompt records and their
-    encoding, the rows this process scored with the verifier's reports, every row's response
-    length, the `Rollout` on the mesh with its packing plan, the phases' wall times and cost."""
-
-    records: list[dict]
-    prompts: Any  # batching.PromptBatch
-    rows: np.ndarray  # [n] rollout rows this process scored
-    infos: list[dict]  # their verifier reports
-    lengths: np.ndarray  # [N] every row's response length
-    rollout: step.Rollout
-    plan: packing.Packing
-    times: dict[str, float]  # time_rollout_s, time_reward_s
-    sampled: int  # trajectories sampled for it: charged to the budget when a step learns it
-    stats: dict[str, float] = {}  # dynamic sampling's and overlong shaping's metrics
 
 
 class Trainer:
@@ -111,6 +92,9 @@ class Trainer:
         self.pool = reward_pool(cfg, self.task.reward)
         self.eval_pool = (self.pool if self.eval_task.reward == self.task.reward
                           else reward_pool(cfg, self.eval_task.reward))
+        self.collector = collect_lib.Collector(
+            cfg, self.mesh, self.task, self.tokenizer, self.train_records, self.order,
+            self.rollouts.generate, self.pool, self.packer)
         self.methods = hooks.Methods(self.context())  # prepared in `run`
 
     def _build_policy(self) -> None:
@@ -150,14 +134,15 @@ class Trainer:
         # into the minibatch x micro-batch chunks, each over the mesh's batch devices when the
         # batch allows. Otherwise the identity plan (whole groups).
         cfg = self.cfg
-        self.pack = self.spec.layout == "packed"
-        if self.pack:
+        packed, multiple = self.spec.layout == "packed", 1
+        if packed:
             rows = cfg.rows_per_step
             chunks = cfg.optim.minibatches * self.spec.optim.microbatches
             devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-            self.pack_multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
+            multiple = chunks * devices if rows % (chunks * devices) == 0 else chunks
         elif self.spec.layout != cfg.optim.layout:  # RunConfig.update_layout decided
             self.say("update: rows unpacked (cancellation.transform needs whole groups)")
+        self.packer = packing.Packer(self.mesh, cfg.rollout.group_size, packed, multiple)
         self.credit_fn, self.update_fn = step.step_functions(self.spec, self.optimizer,
                                                              self.state_shardings)
         # loss.kl_in "reward": π_ref's pass before `credit` (none at β = 0 or for "loss")
@@ -228,19 +213,9 @@ class Trainer:
             return jax.random.split(jax.random.fold_in(self.seed_key, s))
 
     def collect(self, gen_key: jax.Array, params: Any = None) -> Collected:
-        """The step's batch: the next prompts, G samples of each (`gen_key`, `params`: the
-        policy's by default), scored (dynamic sampling's rounds, overlong shaping:
-        trainer/dynamic.py), as the update's `Rollout` on the mesh with its packing plan.
-        Its sampled trajectories are charged to the budget when a step learns it (`learn`)."""
-        params = self.policy if params is None else params
-        got, stats = dynamic_lib.collect_rounds(self, gen_key, params)
-        reward = dynamic_lib.shaped_reward(self.cfg, got, stats)
-        rollout, plan = self.as_rollout(got.prompts, got.out, got.rows, reward, got.correct,
-                                        got.ended, got.lengths, valid=got.valid)
-        rollout = labels_lib.label(rollout, got, ibpo=self.cfg.ibpo, task=self.task,
-                                   tokenizer=self.tokenizer, mesh=self.mesh)
-        return Collected(got.records, got.prompts, got.rows, got.infos, got.lengths, rollout,
-                         plan, got.times, got.sampled, stats)
+        """The step's batch (`collect.Collector.collect`) under `params`, the policy's by
+        default."""
+        return self.collector.collect(gen_key, self.policy if params is None else params)
 
     def learn(self, s: int, got: Collected, gen_key: jax.Array, update_key: jax.Array
               ) -> tuple[dict[str, float], dict[str, dict]]:
@@ -317,7 +292,7 @@ class Trainer:
         second, _ = self.credit(rounds.place(rnd.rows, self.mesh))
         rollout = rounds.joined(first, rnd.rows, self.mesh, self.tokenizer.pad_id, rnd.kl_anchor)
         cred = rounds.joined_credit(cred, second, train_first=rnd.train_first)
-        plan = self.packing_plan(*(sharding.host_array(x) for x in (
+        plan = self.packer.plan(*(sharding.host_array(x) for x in (
             rollout.prompt_len, rollout.response_len)), *rollout.prompt.shape[1:],
             *rollout.response.shape[1:])
         return rollout, cred, plan
@@ -335,43 +310,6 @@ class Trainer:
         return diag, {"appendix_a.jsonl": records_lib.appendix_a(s, cred, batch.rollout,
                                                               batch.rows, batch.infos)}
 
-    def as_rollout(self, prompts: Any, out: Any, rows: np.ndarray, reward: np.ndarray,
-                   correct: np.ndarray, ended: np.ndarray, lengths: np.ndarray,
-                   valid: np.ndarray | None = None) -> tuple[step.Rollout, packing.Packing]:
-        """The sampled batch as the update's `Rollout` on the mesh (the host's scores placed at
-        its rows `rows`; `valid` [N], every row's), and its packing plan."""
-        g, n = self.cfg.rollout.group_size, len(lengths)
-        place = lambda x: sharding.global_array(x, sharding.batch_sharding(self.mesh, np.ndim(x)))
-        mine = lambda x: sharding.rows_array(x, rows, n,
-                                             sharding.batch_sharding(self.mesh, np.ndim(x)))
-        prompt_len = np.repeat(prompts.lengths, g)
-        plan = self.packing_plan(prompt_len, lengths, prompts.tokens.shape[1],
-                                 out.tokens.shape[1])
-        rollout = step.Rollout(
-            prompt=place(np.repeat(prompts.tokens, g, axis=0)),
-            prompt_len=place(prompt_len),
-            response=out.tokens, response_len=out.lengths, sample_logp=out.logprobs,  # on device
-            reward=mine(reward.astype(np.float32)), correct=mine(correct), ended=mine(ended),
-            valid=None if valid is None else place(valid))
-        return rollout, plan
-
-    def sample(self, key: jax.Array, params: Any = None) -> tuple[list[dict], Any, Any]:
-        """The next prompts of the training split, encoded, and G samples of each (`params`:
-        the policy's by default)."""
-        cfg, params = self.cfg, self.policy if params is None else params
-        records = [self.train_records[int(i)]
-                   for i in self.order.next_indices(cfg.rollout.prompts_per_step)]
-        prompts = encode_prompts(self.tokenizer, [self.task.prompt_text(r) for r in records],
-                                 cfg.rollout.max_prompt_len)
-        # On the rollout mesh, in rollout.sample_chunk calls, back on the training mesh.
-        return records, prompts, self.rollouts.generate(params, prompts, key)
-
-    def score(self, records: list[dict], tokens: np.ndarray, lengths: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]:
-        """Rewards, correctness, ended-with-EOS and the verifier's reports of this process's
-        rollout rows (tokens [n, R], lengths [n])."""
-        return batching.score_rows(self.pool, self.tokenizer, records, tokens, lengths)
-
     def diagnose(self, s: int) -> bool:
         """Appendix A's diagnostics at step 1 and every diagnostics.grad_var_every steps."""
         every = self.cfg.diagnostics.grad_var_every
@@ -386,7 +324,7 @@ class Trainer:
                     prompt_width: int) -> dict[str, float]:
         """DESIGN §3's policy-gradient variance of this batch, with the run's λ and with 0."""
         t0 = time.perf_counter()
-        plan = self.packing_plan(prompt_len, prompt_len, prompt_width, 0, identity=True)
+        plan = self.packer.plan(prompt_len, prompt_len, prompt_width, 0, whole_groups=True)
         with jax.set_mesh(self.mesh):
             out = self.pg_var_fn(self.state._replace(params=self.policy), self.base.params,
                                  rollout, cred, plan, self.is_delim)
@@ -401,19 +339,6 @@ class Trainer:
         if self.spec.layout == "grouped":
             return (b * p + n * r) / (n * (p + r))
         return plan.rows / n
-
-    def packing_plan(self, prompt_len: np.ndarray, response_len: np.ndarray,
-                     prompt_width: int, response_width: int, *,
-                     identity: bool = False) -> packing.Packing:
-        """Where the update's model passes put each rollout row (every row's lengths, the
-        same on every process), on the mesh; `identity`: whole groups whatever the layout."""
-        if self.pack and not identity:
-            plan = packing.first_fit(prompt_len, response_len, prompt_width + response_width,
-                                     multiple=self.pack_multiple)
-        else:
-            plan = packing.identity(prompt_len, prompt_width, self.cfg.rollout.group_size)
-        return packing.place(plan, lambda x: sharding.global_array(
-            x, NamedSharding(self.mesh, P())))
 
     def export_hf(self, path: Path) -> None:
         """The policy as an HF checkpoint transformers uses as is, tokenizer and generation

@@ -59,7 +59,7 @@ from ibpo_jax.trainer import checkpoint
 LEGACY_PENDING_KEY = "pending_rollout"
 
 # (step key, params the sampler reads or None: the policy's) -> the step's scored batch
-# (`loop.Collected`, its cost in trajectories in `sampled`).
+# (`collect.Collected`, its cost in trajectories in `sampled`).
 Collect = Callable[[jax.Array, Any], Any]
 
 
@@ -141,8 +141,8 @@ def unpack_outputs(data: dict[str, np.ndarray]) -> list[sampling.SampleOutput]:
 
 class Rollouts:
     """The trainer's sampler placement and step schedule (module docstring): `generate` runs
-    the sampler for `Trainer.sample`, `step` runs `collect` and `learn` in the configured order,
-    `saved` / `restored` carry a pending batch over a checkpoint.
+    the sampler for `collect.Collector.sample`, `step` runs `collect` and `learn` in the
+    configured order, `saved` / `restored` carry a pending batch over a checkpoint.
 
     `cfg` is the run's rollout section, `steps` its RL steps (train.steps), `meshes` (training
     mesh, rollout mesh: one object unless split, `meshes()`), `dtype` the compute dtype the

@@ -25,6 +25,10 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax.runtime import sharding
 
 Array = jax.Array
 
@@ -119,3 +123,26 @@ def unpack(x: Array, local: Array, first: Array, width: int) -> Array:
     idx = local[:, None] * w + first[:, None] + jnp.arange(width)[None, :]
     out = jnp.take(x.reshape(-1), jnp.clip(idx, 0, c * w - 1))
     return jnp.where((local >= 0)[:, None], out, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Packer:
+    """A run's packing rule: first-fit into packed rows whose count is a multiple of
+    `multiple` (`packed`: optim.layout "packed"), else whole groups of `group_size` rows; plans
+    placed on `mesh`, replicated."""
+
+    mesh: Mesh
+    group_size: int
+    packed: bool
+    multiple: int = 1
+
+    def plan(self, prompt_len: np.ndarray, response_len: np.ndarray, prompt_width: int,
+             response_width: int, *, whole_groups: bool = False) -> Packing:
+        """Where the update's model passes put each rollout row (every row's lengths [N],
+        the same on every process); `whole_groups`: the identity plan whatever the layout."""
+        if self.packed and not whole_groups:
+            plan = first_fit(prompt_len, response_len, prompt_width + response_width,
+                             multiple=self.multiple)
+        else:
+            plan = identity(prompt_len, prompt_width, self.group_size)
+        return place(plan, lambda x: sharding.global_array(x, NamedSharding(self.mesh, P())))
