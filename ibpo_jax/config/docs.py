@@ -17,7 +17,16 @@ from typing import Any
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
     """{field name: its docstring} of a dataclass whose fields are documented PEP 257-style
-    (a string literal right after the annotated assignment), read from the class source."""
+    (a string literal right after the annotated assignment), read from the class source; a
+    class's own docs over its bases' (a class made at run time, `RunConfig`, has its bases')."""
+    docs = {}
+    for base in reversed(cls.__mro__[1:]):
+        if dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    return {**docs, **_own_field_docs(cls)}
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     try:
         tree = ast.parse(inspect.getsource(cls).lstrip())  # dedent-safe for top-level classes
     except (OSError, TypeError, SyntaxError):

@@ -103,6 +103,11 @@ TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "cancellation transform", ("ibpo_jax.core.cancellation",))
 REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))
 TASKS: Registry[Callable[..., Any]] = Registry("task", ("ibpo_jax.data",))
+# The methods' own config sections, `RunConfig`'s last fields: name (= the section's KEY) ->
+# a `schema.Section` subclass, registered by the method's config module (which imports nothing
+# heavier than the schema), so the run config assembles them without importing the methods.
+SECTIONS: Registry[type] = Registry("method config section", (
+    "ibpo_jax.methods.prm.config", "ibpo_jax.methods.score.config"))
 # Methods that add a stage to the RL step (DESIGN §6-§7), name -> `trainer.hooks.Method`
 # subclass (its factory); a config turns one on through its own section (`Method.enabled`).
 METHODS: Registry[Any] = Registry("method", (

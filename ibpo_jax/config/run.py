@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ibpo_jax.config.logging_section import LoggingConfig
-from ibpo_jax.config.registry import ESTIMATORS, METHODS
+from ibpo_jax.config.registry import ESTIMATORS, METHODS, SECTIONS
 from ibpo_jax.config.sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
@@ -48,8 +48,6 @@ from ibpo_jax.config.sections import (
     hints,
 )
 from ibpo_jax.config.tasks import ArithTaskConfig, EvalConfig, TaskConfig, WarmStartConfig
-from ibpo_jax.methods.prm.config import PrmConfig
-from ibpo_jax.methods.score.config import ScoreConfig
 
 if TYPE_CHECKING:
     import ml_collections
@@ -57,15 +55,17 @@ if TYPE_CHECKING:
 __all__ = [
     "MIN_TEMPERATURE", "AdvantageConfig", "ArithTaskConfig", "CancellationConfig", "ConfigError",
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LoggingConfig", "LossConfig", "MeshConfig",
-    "ModelConfig", "OptimConfig", "PrmConfig", "RewardConfig", "RolloutConfig", "RunConfig",
-    "ScoreConfig", "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig",
+    "ModelConfig", "OptimConfig", "RewardConfig", "RolloutConfig", "RunConfig",
+    "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig",
     "WarmStartConfig",
     "defaults", "from_config_dict", "from_dict", "load", "load_config_dict", "parse_overrides",
 ]
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig(Section):
+class CoreConfig(Section):
+    """The run config's own sections; `RunConfig` adds the methods' (`registry.SECTIONS`)."""
+
     algo: str = "ibpo_gspo"
     """The algorithm (configs/<algo>.py)."""
     preset: str = ""
@@ -104,10 +104,6 @@ class RunConfig(Section):
     """Extra, costlier diagnostics."""
     logging: LoggingConfig = dataclasses.field(default_factory=LoggingConfig)
     """Metric backends and the evaluation samples shown."""
-    prm: PrmConfig = dataclasses.field(default_factory=PrmConfig)
-    """PRM+GSPO's process reward model (DESIGN §7)."""
-    score: ScoreConfig = dataclasses.field(default_factory=ScoreConfig)
-    """SCoRe's two attempts and stages (DESIGN §7)."""
 
     def _check_estimator(self) -> None:
         """A named `advantage.estimator` takes what the run gives it (core.advantages.TAKES)."""
@@ -207,6 +203,26 @@ class RunConfig(Section):
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+
+def _with_method_sections(core: type) -> type:
+    """`core` with one last field per registered method section (`registry.SECTIONS`, in name
+    order), each defaulting to its section's defaults."""
+    fields = []
+    for name in SECTIONS.names():
+        section = SECTIONS.get(name)
+        if section.KEY != name:
+            raise TypeError(f"method section {section.__name__} is registered as {name!r} but "
+                            f"its KEY is {section.KEY!r}")
+        fields.append((name, section, dataclasses.field(default_factory=section)))
+    cls = dataclasses.make_dataclass("RunConfig", fields, bases=(core,), frozen=True)
+    cls.__module__ = __name__  # pickles as ibpo_jax.config.run.RunConfig
+    cls.__doc__ = ("The whole run's config: the core's sections (`CoreConfig`) and the methods' "
+                   f"({', '.join(f'`{n}`' for n in SECTIONS.names())}).")
+    return cls
+
+
+RunConfig = _with_method_sections(CoreConfig)
 
 
 def defaults(cls: type = RunConfig) -> dict[str, Any]:

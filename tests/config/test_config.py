@@ -291,3 +291,29 @@ def test_a_named_estimator_must_take_what_the_run_gives_it():
             ("configs/ibpo_gspo.py", {"advantage.estimator": "rloo"}, "unknown advantage est")):
         with pytest.raises((config.ConfigError, KeyError), match=match):
             load(spec, **kv)
+
+
+def test_the_run_config_takes_the_methods_sections_from_their_registry(request):
+    """RunConfig's last fields are the registered method sections (`registry.SECTIONS`), in
+    name order, so the run config imports no method (tests/test_imports.py); a section whose
+    KEY is not its registered name is refused."""
+    import dataclasses
+
+    from ibpo_jax.config import run
+    from ibpo_jax.config.registry import SECTIONS
+    from ibpo_jax.config.schema import Section, hints
+
+    names = SECTIONS.names()
+    assert names == ["prm", "score"]
+    assert [f.name for f in dataclasses.fields(config.RunConfig)][-len(names):] == names
+    assert all(hints(config.RunConfig)[n] is SECTIONS.get(n) for n in names)
+    assert config.from_dict(config.RunConfig().to_dict()) == config.RunConfig()
+
+    @dataclasses.dataclass(frozen=True)
+    class Misnamed(Section):
+        KEY = "elsewhere"
+
+    SECTIONS.register("toy")(Misnamed)
+    request.addfinalizer(lambda: SECTIONS._entries.pop("toy", None))
+    with pytest.raises(TypeError, match="registered as 'toy' but its KEY is 'elsewhere'"):
+        run._with_method_sections(run.CoreConfig)

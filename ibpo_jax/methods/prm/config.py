@@ -1,13 +1,16 @@
-"""The `prm` config section: PRM+GSPO's process reward model (DESIGN §7). `RunConfig` composes
-it as `config.prm`; the method that reads it is `methods.prm.method`."""
+"""The `prm` config section: PRM+GSPO's process reward model (DESIGN §7). Registered in
+`registry.SECTIONS`, `RunConfig` composes it as `config.prm`; the method that reads it is
+`methods.prm.method`."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from ibpo_jax.config.registry import SECTIONS
 from ibpo_jax.config.schema import Section
 
 
+@SECTIONS.register("prm")
 @dataclasses.dataclass(frozen=True)
 class PrmConfig(Section):
     KEY = "prm"

@@ -1,13 +1,16 @@
-"""The `score` config section: SCoRe's two attempts and stages (DESIGN §7). `RunConfig`
-composes it as `config.score`; the method that reads it is `methods.score.method`."""
+"""The `score` config section: SCoRe's two attempts and stages (DESIGN §7). Registered in
+`registry.SECTIONS`, `RunConfig` composes it as `config.score`; the method that reads it is
+`methods.score.method`."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from ibpo_jax.config.registry import SECTIONS
 from ibpo_jax.config.schema import Section
 
 
+@SECTIONS.register("score")
 @dataclasses.dataclass(frozen=True)
 class ScoreConfig(Section):
     KEY = "score"
