@@ -179,3 +179,16 @@ def test_rows_per_device_give_each_preset_its_count_and_a_shrunk_batch_a_valid_o
     with pytest.raises(config.ConfigError, match="micro_batch_rows=16: config.optim."
                        "microbatches=4 sets the micro-batches too"):
         config.load("configs/ibpo_gspo.py:qwen3_0.6b_math", [("optim.microbatches", "4")])
+
+
+def test_a_tiny_models_plan_takes_any_procedural_task_and_refuses_file_tasks():
+    """The tiny model's vocabulary is the char tokenizer's: every procedural task has it (not
+    only `arith`); a file task needs a checkpoint's tokenizer, and the refusal says so."""
+    from ibpo_jax.plan import programs
+
+    load = lambda name: config.load("configs/ibpo_gspo.py:smoke",
+                                    [("task.name", name), ("task.path", "/data/x.jsonl")])
+    assert programs.model_of(load("countdown"))[0].vocab_size == \
+        programs.model_of(load("arith"))[0].vocab_size
+    with pytest.raises(ValueError, match="procedural task's char tokenizer.*arith, countdown"):
+        programs.model_of(load("math_jsonl"))
