@@ -10,7 +10,6 @@ from ibpo_jax.config.registry import SECTIONS
 from ibpo_jax.config.schema import Section
 
 
-@SECTIONS.register("prm")
 @dataclasses.dataclass(frozen=True)
 class PrmConfig(Section):
     KEY = "prm"
@@ -37,3 +36,6 @@ class PrmConfig(Section):
         self._positive("num_prompts", "samples", "completions", "max_steps", "head_steps",
                        "head_lr")
         self._nonneg("head_width")
+
+
+SECTIONS.register(PrmConfig.KEY)(PrmConfig)  # RunConfig's `config.prm`

@@ -10,7 +10,6 @@ from ibpo_jax.config.registry import SECTIONS
 from ibpo_jax.config.schema import Section
 
 
-@SECTIONS.register("score")
 @dataclasses.dataclass(frozen=True)
 class ScoreConfig(Section):
     KEY = "score"
@@ -27,3 +26,6 @@ class ScoreConfig(Section):
 
     def check(self):
         self._nonneg("stage1_steps", "stage1_kl", "alpha")
+
+
+SECTIONS.register(ScoreConfig.KEY)(ScoreConfig)  # RunConfig's `config.score`
