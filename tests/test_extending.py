@@ -1,7 +1,7 @@
 """docs/extending.md's extension points, exercised as a user would: a comparison operator, a
-policy loss and an advantage estimator defined in this module (not the package), registered for
-one test, selected by their config keys and run in one `smoke` training step each. (A toy
-method: tests/methods/test_toy_method.py. A task is not a one-module extension yet: issue 58.)"""
+policy loss, an advantage estimator and a procedural task defined in this module (not the
+package), registered for one test, selected by their config keys and run in one `smoke` training
+step each. (A toy method: tests/methods/test_toy_method.py.)"""
 
 import jax.numpy as jnp
 import numpy as np
@@ -97,3 +97,25 @@ def test_an_estimator_from_outside_the_package_gives_a_steps_advantages(smoke_da
     with pytest.raises(config.ConfigError, match="takes group inputs.*token"):
         _one_step(smoke_data_dir, tmp_path / "token", **{"advantage.estimator": "sign",
                                                          "ibpo.credit": "token"})
+
+
+def test_a_procedural_task_from_outside_the_package_trains_a_step(smoke_data_dir, tmp_path,
+                                                                   request):
+    """One module (tests/toy_task.py) registers one record; the run builds its dataset, reads
+    it with the char tokenizer, scores it with its checker (reward workers import the module),
+    and the checker's first wrong steps reach `ibpo.operator=checker`."""
+    from tests import toy_task
+
+    toy_task.register()
+    request.addfinalizer(toy_task.unregister)
+    rows = _one_step(smoke_data_dir, tmp_path, **{
+        "task.name": "toy_add", "task.data_dir": str(tmp_path / "data"),
+        "ibpo.operator": "checker", "warm_start.enabled": False})
+    step = rows[-1]
+    assert step["step"] == 1 and np.isfinite(step["grad_norm"])
+    assert -1.0 <= step["reward_mean"] <= 1.0 and "eval_accuracy" in rows[0]
+    built = list((tmp_path / "data").rglob("ibpo_toy_add-train.array_record*"))
+    assert built, "the task's dataset was built where the run's data lives"
+    toy_task.unregister()
+    with pytest.raises(UnknownNameError, match="toy_add"):  # gone with its record
+        _one_step(smoke_data_dir, tmp_path / "again", **{"task.name": "toy_add"})

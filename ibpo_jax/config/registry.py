@@ -101,8 +101,11 @@ AGGREGATIONS: Registry[Callable[..., Any]] = Registry("loss aggregation", ("ibpo
 KL_ESTIMATORS: Registry[Callable[..., Any]] = Registry("KL estimator", ("ibpo_jax.core.kl",))
 TRANSFORMS: Registry[Callable[..., Any]] = Registry(
     "cancellation transform", ("ibpo_jax.core.cancellation",))
-REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards",))
+REWARDS: Registry[Callable[..., Any]] = Registry("reward", ("ibpo_jax.rewards", "ibpo_jax.data"))
 TASKS: Registry[Callable[..., Any]] = Registry("task", ("ibpo_jax.data",))
+# Procedural tasks, name -> `data.tasks.ProceduralTask` (each also a TASKS and a REWARDS
+# entry; its config section is `config.task.<name>`).
+PROCEDURAL: Registry[Any] = Registry("procedural task", ("ibpo_jax.data",))
 # The methods' own config sections, `RunConfig`'s last fields: name (= the section's KEY) ->
 # a `schema.Section` subclass, registered by the method's config module (which imports nothing
 # heavier than the schema), so the run config assembles them without importing the methods.

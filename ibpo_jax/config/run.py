@@ -47,13 +47,13 @@ from ibpo_jax.config.sections import (
     TrainLoopConfig,
     hints,
 )
-from ibpo_jax.config.tasks import ArithTaskConfig, EvalConfig, TaskConfig, WarmStartConfig
+from ibpo_jax.config.tasks import EvalConfig, TaskConfig, WarmStartConfig
 
 if TYPE_CHECKING:
     import ml_collections
 
 __all__ = [
-    "MIN_TEMPERATURE", "AdvantageConfig", "ArithTaskConfig", "CancellationConfig", "ConfigError",
+    "MIN_TEMPERATURE", "AdvantageConfig", "CancellationConfig", "ConfigError",
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LoggingConfig", "LossConfig", "MeshConfig",
     "ModelConfig", "OptimConfig", "RewardConfig", "RolloutConfig", "RunConfig",
     "TaskConfig", "TinyModelConfig", "TokenizerConfig", "TrainLoopConfig",

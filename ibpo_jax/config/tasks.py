@@ -1,5 +1,6 @@
-"""The config sections of what a run reads and is judged on: the task (and the embedded tasks'
-generators), evaluation and the supervised warm start. Same conventions as `config.sections`
+"""The config sections of what a run reads and is judged on: the task (with the procedural tasks'
+generator sections, which each task's module defines: `data.tasks`), evaluation and the
+supervised warm start. Same conventions as `config.sections`
 (one frozen dataclass per section with its defaults, field docstrings and checks); assembled by
 `ibpo_jax.config` (import the sections from there)."""
 
@@ -9,67 +10,13 @@ import dataclasses
 
 from ibpo_jax.config import registry
 from ibpo_jax.config.schema import Section
-from ibpo_jax.data import arith, countdown
-
-# The generators' own defaults are the one source of the task sections' defaults (a change
-# there changes the runs' data; the sections only name them as config keys).
-_ARITH, _COUNTDOWN = arith.ArithConfig(), countdown.CountdownConfig()
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithTaskConfig(Section):
-    KEY = "task.arith"
-    num_steps: int = _ARITH.num_steps
-    """Operations per problem of the embedded `arith` task."""
-    digits: int = 1
-    """Digits of the start number and of the + / - operands (the runs' own default: one digit,
-    below the generator's `arith.ArithConfig().digits`)."""
-    ops: str = _ARITH.ops
-    """Operators to draw from: distinct characters of '+-*/'."""
-    max_value: int = _ARITH.max_value
-    """Every intermediate value stays in [0, max_value]."""
+class TaskCore(Section):
+    """The task section's own fields; `TaskConfig` adds each procedural task's section
+    (`registry.PROCEDURAL`: `task.arith`, `task.countdown`)."""
 
-    def check(self):
-        self._positive("num_steps", "digits")
-        self._require("max_value", self.max_value >= 10 ** self.digits - 1,
-                      f"must be >= the largest {self.digits}-digit operand")
-        self._require("ops", bool(self.ops) and not set(self.ops) - set("+-*/")
-                      and len(set(self.ops)) == len(self.ops), "distinct characters of '+-*/'")
-
-
-@dataclasses.dataclass(frozen=True)
-class CountdownTaskConfig(Section):
-    KEY = "task.countdown"
-    min_numbers: int = _COUNTDOWN.min_numbers
-    """Fewest numbers a `countdown` problem gives (>= 2)."""
-    max_numbers: int = _COUNTDOWN.max_numbers
-    """Most numbers a problem gives (<= 8)."""
-    max_number: int = _COUNTDOWN.max_number
-    """The numbers are distinct integers in [2, max_number]."""
-    max_value: int = _COUNTDOWN.max_value
-    """Every result and the target are integers in [1, max_value]."""
-    min_target: int = _COUNTDOWN.min_target
-    """Smallest target (a target is never one of the numbers)."""
-    min_solutions: int = _COUNTDOWN.min_solutions
-    """Keep only problems with at least this many distinct shortest solutions (k)."""
-    num_train: int = countdown.NUM_TRAIN
-    """Problems in the training split (validation and test: 500 each); the defaults allow
-    about 40,000 distinct problems."""
-
-    def check(self):
-        self._require("min_numbers", 2 <= self.min_numbers <= self.max_numbers,
-                      f"must be in [2, config.task.countdown.max_numbers={self.max_numbers}]")
-        self._require("max_numbers", self.max_numbers <= min(8, self.max_number - 1),
-                      "must be <= 8 and leave that many distinct numbers in [2, max_number]")
-        self._require("max_number", self.max_number <= self.max_value,
-                      f"must be <= config.task.countdown.max_value={self.max_value}")
-        self._require("min_target", 1 <= self.min_target <= self.max_value,
-                      f"must be in [1, config.task.countdown.max_value={self.max_value}]")
-        self._positive("min_solutions", "num_train")
-
-
-@dataclasses.dataclass(frozen=True)
-class TaskConfig(Section):
     KEY = "task"
     name: str = "arith"
     """A registry.TASKS name."""
@@ -91,15 +38,25 @@ class TaskConfig(Section):
     """Qwen3 chat template's thinking switch (HF tokenizers only)."""
     fields: str = ""
     """Columns under other names, "column:field,..." (e.g. "question:prompt"; docs/data.md)."""
-    arith: ArithTaskConfig = dataclasses.field(default_factory=ArithTaskConfig)
-    """The embedded `arith` task's generator settings."""
-    countdown: CountdownTaskConfig = dataclasses.field(default_factory=CountdownTaskConfig)
-    """The embedded `countdown` task's generator settings."""
 
     def check(self):
         self._registered("name", registry.TASKS)
         if self.eval_name:
             self._registered("eval_name", registry.TASKS)
+
+
+def _with_procedural_sections(core: type) -> type:
+    """`core` with one last field per procedural task (its generator's section, in name order:
+    `config.task.<name>`)."""
+    fields = [(name, section, dataclasses.field(default_factory=section)) for name, section in
+              ((n, registry.PROCEDURAL.get(n).section) for n in registry.PROCEDURAL.names())]
+    cls = dataclasses.make_dataclass("TaskConfig", fields, bases=(core,), frozen=True)
+    cls.__module__ = __name__  # pickles as ibpo_jax.config.tasks.TaskConfig
+    cls.__doc__ = "What to train and evaluate on: `TaskCore` and the procedural tasks' sections."
+    return cls
+
+
+TaskConfig = _with_procedural_sections(TaskCore)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ibpo_jax.config.schema import Section
+
 OP_WORDS = {"+": "Add {}.", "-": "Subtract {}.", "*": "Multiply by {}.", "/": "Divide by {}."}
 _NUM = r"(0|[1-9]\d*)"  # no sign, no leading zeros: exactly how the reference writes numbers
 _STEP_RE = re.compile(rf"{_NUM}([+\-*/]){_NUM}={_NUM}")
@@ -280,3 +282,34 @@ def check(response_text: str, record: dict) -> StepCheck:
     else:  # every line present is right, so the response stops before its answer line
         reason = f"incomplete: {len(lines)} of {len(ops)} steps and no answer line"
     return StepCheck(correct=correct, first_wrong_step=first_wrong, answer=answer, reason=reason)
+
+
+# ---------------------------------------- the task's config section (its record: data/tasks.py)
+_DEFAULTS = ArithConfig()  # the generator's defaults are the section's (a change there changes
+# the runs' data; the section only names them as config keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithTaskConfig(Section):
+    KEY = "task.arith"
+    num_steps: int = _DEFAULTS.num_steps
+    """Operations per problem of the embedded `arith` task."""
+    digits: int = 1
+    """Digits of the start number and of the + / - operands (the runs' own default: one digit,
+    below the generator's `ArithConfig().digits`)."""
+    ops: str = _DEFAULTS.ops
+    """Operators to draw from: distinct characters of '+-*/'."""
+    max_value: int = _DEFAULTS.max_value
+    """Every intermediate value stays in [0, max_value]."""
+
+    def check(self):
+        self._positive("num_steps", "digits")
+        self._require("max_value", self.max_value >= 10 ** self.digits - 1,
+                      f"must be >= the largest {self.digits}-digit operand")
+        self._require("ops", bool(self.ops) and not set(self.ops) - set("+-*/")
+                      and len(set(self.ops)) == len(self.ops), "distinct characters of '+-*/'")
+
+
+def task_options(c: ArithTaskConfig) -> dict[str, Any]:
+    """The section's value -> the task's keyword arguments (`tasks.ProceduralTask.options`)."""
+    return {"config": ArithConfig(c.num_steps, c.digits, c.ops, c.max_value)}

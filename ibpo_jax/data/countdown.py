@@ -43,9 +43,11 @@ import functools
 import random
 import re
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
+from ibpo_jax.config.schema import Section
 from ibpo_jax.data.arith import StepCheck, draw_distinct
 
 CountdownCheck = StepCheck  # one verdict type, so the probes read both tasks' checkers alike
@@ -422,3 +424,46 @@ def group_solution_stats(texts: list[str], correct: list[bool],
             "distinct_solutions_per_group": mean(solutions),
             "distinct_texts_per_group": mean(distinct_texts),
             "frac_groups_one_solution": mean(same)}
+
+
+# ---------------------------------------- the task's config section (its record: data/tasks.py)
+_DEFAULTS = CountdownConfig()  # the generator's defaults are the section's
+
+
+@dataclasses.dataclass(frozen=True)
+class CountdownTaskConfig(Section):
+    KEY = "task.countdown"
+    min_numbers: int = _DEFAULTS.min_numbers
+    """Fewest numbers a `countdown` problem gives (>= 2)."""
+    max_numbers: int = _DEFAULTS.max_numbers
+    """Most numbers a problem gives (<= 8)."""
+    max_number: int = _DEFAULTS.max_number
+    """The numbers are distinct integers in [2, max_number]."""
+    max_value: int = _DEFAULTS.max_value
+    """Every result and the target are integers in [1, max_value]."""
+    min_target: int = _DEFAULTS.min_target
+    """Smallest target (a target is never one of the numbers)."""
+    min_solutions: int = _DEFAULTS.min_solutions
+    """Keep only problems with at least this many distinct shortest solutions (k)."""
+    num_train: int = NUM_TRAIN
+    """Problems in the training split (validation and test: 500 each); the defaults allow
+    about 40,000 distinct problems."""
+
+    def check(self):
+        self._require("min_numbers", 2 <= self.min_numbers <= self.max_numbers,
+                      f"must be in [2, config.task.countdown.max_numbers={self.max_numbers}]")
+        self._require("max_numbers", self.max_numbers <= min(8, self.max_number - 1),
+                      "must be <= 8 and leave that many distinct numbers in [2, max_number]")
+        self._require("max_number", self.max_number <= self.max_value,
+                      f"must be <= config.task.countdown.max_value={self.max_value}")
+        self._require("min_target", 1 <= self.min_target <= self.max_value,
+                      f"must be in [1, config.task.countdown.max_value={self.max_value}]")
+        self._positive("min_solutions", "num_train")
+
+
+def task_options(c: CountdownTaskConfig) -> dict[str, Any]:
+    """The section's value -> the task's keyword arguments (`tasks.ProceduralTask.options`)."""
+    return {"config": CountdownConfig(
+        min_numbers=c.min_numbers, max_numbers=c.max_numbers, max_number=c.max_number,
+        max_value=c.max_value, min_target=c.min_target, min_solutions=c.min_solutions),
+        "num_train": c.num_train}

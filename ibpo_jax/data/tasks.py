@@ -4,6 +4,13 @@
 
   arith          the embedded procedural task (ibpo_jax.data.arith), TFDS/array_record backed
   countdown      embedded: reach a target from a few numbers, several right solutions each
+
+A procedural task (generated, scored by its own step checker, read with the char tokenizer) is
+one `ProceduralTask` record passed to `register_procedural`, which makes it a TASKS entry, a
+REWARDS entry of its name and a `registry.PROCEDURAL` entry that the config (its section
+`config.task.<name>`), the tokenizer choice, the plan and the second rounds read. `arith` and
+`countdown` are registered below; a task of your own does the same from its own module
+(tests/test_extending.py trains a toy one).
   math_jsonl     a generic RL training prompt file (prompt + answer, e.g. DeepScaleR, MATH train)
   math500, aime24, aime25, olympiadbench          math benchmarks from local files
   livecodebench, codeforces                       code benchmarks from local files
@@ -22,8 +29,9 @@ import dataclasses
 import functools
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from ibpo_jax.config.registry import TASKS, UnknownSplitError
+from ibpo_jax.config.registry import PROCEDURAL, REWARDS, TASKS, UnknownSplitError
 from ibpo_jax.data import arith, countdown, formats
 
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -93,45 +101,102 @@ def get_task(name: str, **kwargs) -> Task:
     return TASKS.get(name, key="task")(**kwargs)
 
 
-@TASKS.register("arith")
-def arith_task(*, config: arith.ArithConfig | str = "level3", num_train: int = 20000,
-               num_validation: int = 500, num_test: int = 500, seed: int = 0,
-               data_dir: str | None = None) -> Task:
-    """`arith` at a LADDER level (or an explicit ArithConfig), built on first use into data_dir."""
-    from ibpo_jax.data import arith_tfds  # tfds is only imported when arith is used
+@dataclasses.dataclass(frozen=True)
+class ProceduralTask:
+    """One procedural task.
 
-    builder_config = arith_tfds.ArithBuilderConfig.make(
-        config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
-    return _procedural_task(arith_tfds.IbpoArith, builder_config, arith.prompt_text, data_dir)
+    name: its TASKS / REWARDS / PROCEDURAL name, and its config section's (`task.<name>`).
+    dataset: (**task keyword arguments: config, num_train, num_validation, num_test, seed) ->
+      (its `procedural_tfds.ProceduralBuilder` subclass, the builder config); imports tfds.
+    prompt_text: record -> prompt.
+    check: (response text, record) -> verdict with `correct`, `reason`, `answer` and
+      `first_wrong_step` (the line index of the first wrong step, or None), as `arith.check`.
+    section: its config section, a `config.schema.Section` with KEY "task.<name>".
+    options: (the section's value) -> the task keyword arguments `dataset` takes.
+    canonical_step: a step line -> its canonical form (`ibpo.operator=peer_steps`), or None.
+    correction, retry: the second rounds' templates (`data.followups`: Appendix B's
+      corrections, SCoRe's retry), or None where the methods do not run on it.
+    """
+
+    name: str
+    dataset: Callable[..., tuple[type, Any]]
+    prompt_text: Callable[[dict], str]
+    check: Callable[[str, dict], Any]
+    section: type
+    options: Callable[[Any], Mapping[str, Any]]
+    canonical_step: Callable[[str], str] | None = None
+    correction: str | None = None
+    retry: str | None = None
 
 
-@TASKS.register("countdown")
-def countdown_task(*, config: countdown.CountdownConfig | None = None,
-                   num_train: int = countdown.NUM_TRAIN,
-                   num_validation: int = 500, num_test: int = 500, seed: int = 0,
-                   data_dir: str | None = None) -> Task:
-    """`countdown` (default CountdownConfig()), built on first use into data_dir."""
-    from ibpo_jax.data import countdown_tfds  # tfds is only imported when countdown is used
+@dataclasses.dataclass(frozen=True)
+class StepChecked:
+    """A procedural task's reward (picklable: reward workers are spawned): right iff its
+    checker says so, the first wrong step in the info."""
 
-    builder_config = countdown_tfds.CountdownBuilderConfig.make(
-        config, num_train=num_train, num_validation=num_validation, num_test=num_test, seed=seed)
-    return _procedural_task(countdown_tfds.IbpoCountdown, builder_config, countdown.prompt_text,
-                            data_dir, canonical_step=countdown.canonical_step)
+    check: Callable[[str, dict], Any]
+
+    def __call__(self, record: dict, response: str) -> tuple[bool, dict]:
+        verdict = self.check(response, record)
+        return verdict.correct, {"reason": verdict.reason, "answer": verdict.answer,
+                                 "first_wrong_step": verdict.first_wrong_step}
 
 
-def _procedural_task(builder_cls, builder_config, prompt_fn: Callable[[dict], str],
-                     data_dir: str | None,
-                     canonical_step: Callable[[str], str] | None = None) -> Task:
-    """A procedural task over the three splits of `builder_config` (procedural_tfds, built on
-    first use into data_dir); its reward has the task's name and its checker reports the
-    first wrong step."""
-    from ibpo_jax.data import procedural_tfds
+def register_procedural(task: ProceduralTask) -> ProceduralTask:
+    """Registers `task` as a task, a reward and a procedural task (see the module docstring)."""
+    if task.section.KEY != f"task.{task.name}":
+        raise ValueError(f"procedural task {task.name!r}: its section's KEY is "
+                         f"{task.section.KEY!r}, not 'task.{task.name}'")
+    PROCEDURAL.register(task.name)(task)
+    TASKS.register(task.name)(functools.partial(build_procedural, task))
+    REWARDS.register(task.name)(StepChecked(task.check))
+    return task
 
-    name = builder_cls.task_name()
+
+def build_procedural(task: ProceduralTask, *, data_dir: str | None = None, **kwargs: Any) -> Task:
+    """`task` over the three splits of its dataset (procedural_tfds, built on first use into
+    data_dir), scored by its own reward, whose reports name the first wrong step."""
+    from ibpo_jax.data import procedural_tfds  # tfds only when a procedural task is used
+
+    builder_cls, builder_config = task.dataset(**kwargs)
     splits = {s: functools.partial(procedural_tfds.load_split, builder_cls, builder_config, s,
                                    data_dir) for s in ("train", "validation", "test")}
-    return Task(name=name, reward=name, splits=splits, prompt_fn=prompt_fn,
-                reference_fn=_reference, checks_steps=True, canonical_step=canonical_step)
+    return Task(name=task.name, reward=task.name, splits=splits, prompt_fn=task.prompt_text,
+                reference_fn=operator.itemgetter("reference"), checks_steps=True,
+                canonical_step=task.canonical_step)
+
+
+def procedural_options(task: ProceduralTask, task_config: Any) -> dict[str, Any]:
+    """The task keyword arguments of `task` under a run's `config.task` (its section there, or
+    the section's defaults for a task registered after the config was assembled)."""
+    section = getattr(task_config, task.name, None)
+    return dict(task.options(section if isinstance(section, task.section) else task.section()))
+
+
+def _arith_dataset(**kwargs: Any) -> tuple[type, Any]:
+    from ibpo_jax.data import arith_tfds  # tfds only when the task is used
+
+    return arith_tfds.IbpoArith, arith_tfds.ArithBuilderConfig.make(**kwargs)
+
+
+def _countdown_dataset(**kwargs: Any) -> tuple[type, Any]:
+    from ibpo_jax.data import countdown_tfds  # tfds only when the task is used
+
+    return countdown_tfds.IbpoCountdown, countdown_tfds.CountdownBuilderConfig.make(**kwargs)
+
+
+# The embedded task's second-round prompts end with a newline: the model continues with the
+# first step.
+register_procedural(ProceduralTask(
+    name="arith", dataset=_arith_dataset, prompt_text=arith.prompt_text, check=arith.check,
+    section=arith.ArithTaskConfig, options=arith.task_options,
+    correction="{question}\nA wrong solution:\n{wrong}\nA right solution:\n{right}\n"
+               "Solve it again:\n",
+    retry="{question}\nFirst attempt:\n{attempt}\nCheck each step and solve it again:\n"))
+register_procedural(ProceduralTask(
+    name="countdown", dataset=_countdown_dataset, prompt_text=countdown.prompt_text,
+    check=countdown.check, section=countdown.CountdownTaskConfig, options=countdown.task_options,
+    canonical_step=countdown.canonical_step))
 
 
 def _chat(text: str, tokenizer, enable_thinking: bool, system: str | None) -> str:
@@ -187,10 +252,6 @@ def _file_task(name: str, *, reward: str, default_split: str, prompt: Callable[.
     make.__name__ = make.__qualname__ = f"{name}_task"
     make.__doc__ = f"Task {name!r} over local files (default split {default_split!r})."
     TASKS.register(name)(make)
-
-
-def _reference(record: dict) -> str:
-    return record["reference"]
 
 
 def _solution(record: dict) -> str | None:

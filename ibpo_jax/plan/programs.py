@@ -27,11 +27,12 @@ from jax.sharding import PartitionSpec as P
 
 from ibpo_jax import models
 from ibpo_jax.config import RunConfig
+from ibpo_jax.config.registry import PROCEDURAL
 from ibpo_jax.models import kv_cache, lora
 from ibpo_jax.plan import flops as flops_lib
 from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import sampling
-from ibpo_jax.trainer import packing, policy, run_tasks, step
+from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import TrainState, make_optimizer
 
 SDS = jax.ShapeDtypeStruct
@@ -67,9 +68,9 @@ def model_of(cfg: RunConfig, target: str = "cpu"
     if cfg.model.checkpoint:
         config = models.Qwen3Config.from_hf(cfg.model.checkpoint)
     elif cfg.model.preset == "tiny":
-        if cfg.task.name not in run_tasks.PROCEDURAL or cfg.tokenizer.path:
+        if cfg.task.name not in PROCEDURAL or cfg.tokenizer.path:
             raise ValueError("the plan of a 'tiny' model needs a procedural task's char "
-                             f"tokenizer ({', '.join(run_tasks.PROCEDURAL)}; or give "
+                             f"tokenizer ({', '.join(PROCEDURAL.names())}; or give "
                              "config.model.checkpoint)")
         from ibpo_jax.data.tokenizer import CharTokenizer
 

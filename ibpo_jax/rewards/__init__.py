@@ -1,8 +1,7 @@
 """Verifiable rewards: (prompt record, response text) -> terminal reward in {-1, +1} and info.
 
-Importing this package registers the verifiers in ``registry.REWARDS``:
-  arith   the `arith` step checker (final answer; first wrong step in the info)
-  countdown  the `countdown` step checker (whole derivation; first wrong step in the info)
+Importing this package registers the verifiers in ``registry.REWARDS`` (each procedural task's
+step checker, `arith` and `countdown`, is registered by its task: `data.tasks`):
   math    last \\boxed{} / answer line, math-verify with a time limit, string fallback
   code    the response's last ```python block run against the record's tests in a sandbox
 
@@ -10,7 +9,7 @@ Importing this package registers the verifiers in ``registry.REWARDS``:
 worker processes with per-response timeouts.
 """
 
-from ibpo_jax.rewards import arith, code, countdown, math_answer  # noqa: F401 - registers them
+from ibpo_jax.rewards import code, math_answer  # noqa: F401 - registers them
 from ibpo_jax.rewards.base import Reward, RewardResult, get_reward
 from ibpo_jax.rewards.code import CodeResult, run_tests
 from ibpo_jax.rewards.pool import RewardPool

@@ -1,39 +1,20 @@
 """Which tasks and tokenizer a run uses: the training and evaluation tasks of a config.
 
-Procedural tasks (generated here, scored by their own step checker, read with the char
-tokenizer) are the entries of `PROCEDURAL`: task name -> the task's keyword arguments from its
-config section `config.task.<name>`. Every other task reads local files with the checkpoint's
-tokenizer. A new procedural task is one entry here and one config section.
+Procedural tasks (`registry.PROCEDURAL`: generated, scored by their own step checker, read with
+the char tokenizer) take their keyword arguments from their config section
+`config.task.<name>` (`data.tasks.procedural_options`). Every other task reads local files with the
+checkpoint's tokenizer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ibpo_jax.config import ConfigError, RunConfig
-from ibpo_jax.data import arith, countdown, formats, get_task
+from ibpo_jax.config.registry import PROCEDURAL
+from ibpo_jax.data import formats, get_task, tasks
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer import policy, step_labels
-
-
-def _arith_options(cfg: RunConfig) -> dict[str, Any]:
-    a = cfg.task.arith
-    return {"config": arith.ArithConfig(a.num_steps, a.digits, a.ops, a.max_value)}
-
-
-def _countdown_options(cfg: RunConfig) -> dict[str, Any]:
-    c = cfg.task.countdown
-    return {"config": countdown.CountdownConfig(
-        min_numbers=c.min_numbers, max_numbers=c.max_numbers, max_number=c.max_number,
-        max_value=c.max_value, min_target=c.min_target, min_solutions=c.min_solutions),
-        "num_train": c.num_train}
-
-
-PROCEDURAL: dict[str, Callable[[RunConfig], dict[str, Any]]] = {
-    "arith": _arith_options,
-    "countdown": _countdown_options,
-}
 
 
 def build_tokenizer(cfg: RunConfig, *, vocab_size: int | None = None) -> Any:
@@ -55,7 +36,7 @@ def build_task(cfg: RunConfig, tokenizer: Any, name: str, path: str, *,
     """Task `name` (a registry.TASKS entry); file-backed tasks read `path`, their columns
     renamed by `fields` ({canonical: column}, formats.parse_fields)."""
     if name in PROCEDURAL:
-        return get_task(name, **PROCEDURAL[name](cfg),
+        return get_task(name, **tasks.procedural_options(PROCEDURAL.get(name), cfg.task),
                         data_dir=str(policy.data_dir(cfg) / "tfds"))
     if not path:
         raise ConfigError(f"task {name!r} reads local files: give its path (config.task.path / "

@@ -4,6 +4,7 @@ which peer, and the prompt templates of the second rounds (data/followups.py).""
 import numpy as np
 import pytest
 
+from ibpo_jax.config.registry import PROCEDURAL
 from ibpo_jax.data import followups, tasks
 from ibpo_jax.methods import corrections
 
@@ -55,6 +56,7 @@ def test_arith_templates_use_only_the_char_tokenizer_alphabet():
     from ibpo_jax.data.tokenizer import CharTokenizer
 
     tok = CharTokenizer()
-    for table in (followups.CORRECTION, followups.RETRY):
-        tok.encode(table["arith"].format(question="Start with 3.", wrong="3+1=4",
-                                         right="3+1=4", attempt="3+1=4"))  # raises if not
+    arith = PROCEDURAL.get("arith")
+    for template in (arith.correction, arith.retry):
+        tok.encode(template.format(question="Start with 3.", wrong="3+1=4",
+                                   right="3+1=4", attempt="3+1=4"))  # raises if not

@@ -1,4 +1,4 @@
-"""trainer.run_tasks: procedural tasks come from one table (no per-task branches), the char
+"""trainer.run_tasks: procedural tasks come from their records (no per-task branches), the char
 tokenizer for them, file tasks need paths, and a one-step smoke run of RL on `countdown`."""
 
 import json
@@ -7,7 +7,8 @@ import pytest
 
 from ibpo_jax import config
 from ibpo_jax.config import ConfigError
-from ibpo_jax.config.registry import TASKS
+from ibpo_jax.config.registry import PROCEDURAL, REWARDS, TASKS
+from ibpo_jax.data import tasks
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.trainer import loop, run_tasks
 
@@ -23,14 +24,20 @@ def _smoke(data_dir, **extra):
 
 
 def test_procedural_tasks_are_registered_tasks_with_a_config_section():
-    assert set(run_tasks.PROCEDURAL) == {"arith", "countdown"} and set(run_tasks.PROCEDURAL) <= set(
-        TASKS.names())
+    """One record each (`data.tasks.ProceduralTask`): a TASKS and a REWARDS entry of its name,
+    its config section as `config.task.<name>`, its options read from there."""
+    assert PROCEDURAL.names() == ["arith", "countdown"]
+    assert set(PROCEDURAL.names()) <= set(TASKS.names()) & set(REWARDS.names())
     cfg = config.load("configs/ibpo_gspo.py:countdown")
-    for name, options in run_tasks.PROCEDURAL.items():
-        kwargs = options(cfg)
-        assert kwargs["config"] is not None and hasattr(cfg.task, name)
-    assert run_tasks.PROCEDURAL["countdown"](cfg)["config"].min_solutions == \
-        cfg.task.countdown.min_solutions
+    for name in PROCEDURAL.names():
+        record = PROCEDURAL.get(name)
+        assert isinstance(getattr(cfg.task, name), record.section)
+        assert tasks.procedural_options(record, cfg.task)["config"] is not None
+    assert tasks.procedural_options(PROCEDURAL.get("countdown"), cfg.task)["config"].min_solutions \
+        == cfg.task.countdown.min_solutions
+    # A task without a section in the assembled config (registered later) takes its defaults.
+    assert tasks.procedural_options(PROCEDURAL.get("arith"), object()) == \
+        PROCEDURAL.get("arith").options(PROCEDURAL.get("arith").section())
     # loop keeps the names other modules import from it
     assert loop.build_task is run_tasks.build_task and loop.default_split is run_tasks.default_split
 
