@@ -19,7 +19,8 @@ with `expect=NO_CLAIM` where the paper says nothing, judged as a plain statement
 runs on (`tasks`; "not planned" elsewhere), and optional hooks, which `reproduce.py` and
 `report.py` call without knowing the item:
 
-- `notes`: `(summaries) -> str`, a sentence for the verdict line (experiments/item_notes.py).
+- `notes`: `(summaries) -> str`, a sentence for the verdict line
+  (experiments/reports/item_notes.py).
 - `sections`: `(ctx: ProbeContext) -> list[str]`, Markdown appended to the item's page.
 - `probe`: `(ctx: ProbeContext) -> list[Path]`, for an item that measures instead of training
   a grid: it writes the page itself (`ctx.out_dir / f"{name}.md"`, `{name}.json` with at least
@@ -31,7 +32,7 @@ runs on (`tasks`; "not planned" elsewhere), and optional hooks, which `reproduce
   machine); runs it lists itself train first.
 
 A hook in a module that imports jax (or this one) is `Lazy("module:function")`, e.g.
-`probe=Lazy("experiments.credit_probe:probe")`.
+`probe=Lazy("experiments.probes.credit_probe:probe")`.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ class Item:
     min_seeds: int = 2
     needs: str = ""  # a config file or keys (comma-separated) it needs; "" = available
     metrics: tuple[str, ...] = ()  # extra per-step keys to tabulate (mean over logged steps)
-    # The claim as comparisons the paper says go its way (experiments/stats.py tests each).
+    # The claim as comparisons the paper says go its way (experiments/reports/stats.py tests each).
     comparisons: tuple[Comparison, ...] = ()
     some: bool = False  # the claim is "some comparison wins", not "every comparison does"
     panels: tuple[tuple[str, ...], ...] = ()  # the plot's runs per panel (default: plots.py)
@@ -184,7 +185,7 @@ class Item:
     # those that exercise what the item adds when its first run is a plain baseline
     # A paired design (issue 57): its runs are its own (records under runs/<task>/paired/,
     # never shared with another item's), trained seed by seed, every arm of a seed on one
-    # host at one commit, and compared on the per-seed differences (experiments/paired.py).
+    # host at one commit, and compared on the per-seed differences (experiments/reports/paired.py).
     paired: bool = False
 
     def __post_init__(self) -> None:

@@ -11,7 +11,7 @@ credit is level with GSPO, (b); if it gains where IBPO does not, (a).
 A paired design (`Item.paired`): every arm's seed s trains on one host at one commit, back to
 back, in its own records (runs/<task>/paired/: the older records of GSPO and IBPO-GSPO pool
 hosts and commits, issue 57), and each arm is compared with GSPO on the per-seed differences
-(experiments/paired.py). Its page is written by `experiments.paired:probe`.
+(experiments/reports/paired.py). Its page is written by `experiments.reports.paired:probe`.
 """
 
 from __future__ import annotations
@@ -47,6 +47,6 @@ ORACLE_ITEMS = (
         "whether shaping a terminal reward by partial credit does not help GSPO at all (b)",
         min_seeds=ORACLE_SEEDS, paired=True,
         keeps=("first_error_agreement", "adv_mass_before_error", "canonical_fallback_frac"),
-        probe=Lazy("experiments.paired:probe"),
+        probe=Lazy("experiments.reports.paired:probe"),
         smoke=("oracle, token",)),  # the checker's labels and token credit through a step
 )

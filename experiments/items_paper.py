@@ -155,7 +155,7 @@ PAPER_ITEMS = (
                      *(vs(f"λ={DEFAULT_LAM}", f"λ={lam}") for lam in LAMBDAS
                        if lam != DEFAULT_LAM),
                      vs("GSPO", "λ=2.0")),
-        finals_axis=FinalsAxis("λ", "λ (GSPO = 0)", Lazy("experiments.item_notes:lam_of")),
+        finals_axis=FinalsAxis("λ", "λ (GSPO = 0)", Lazy("experiments.reports.item_notes:lam_of")),
         tasks=NOT_COUNTDOWN),
     Item(
         "curves", "C.2: training curves (mean reward and reward variance)", (GSPO, IBPO),
@@ -172,7 +172,7 @@ PAPER_ITEMS = (
         "IBPO reaches GSPO's final score in 150 of GSPO's 400 steps", min_seeds=3,
         comparisons=(Comparison("IBPO-GSPO early vs GSPO final",
                                 ((1.0, "IBPO-GSPO", "early"), (-1.0, "GSPO", "final"))),),
-        notes=(Lazy("experiments.item_notes:speed"),), tasks=NOT_COUNTDOWN),
+        notes=(Lazy("experiments.reports.item_notes:speed"),), tasks=NOT_COUNTDOWN),
     Item(
         "sizes", "C.1: model size, GSPO -> IBPO (two tiny sizes)",
         (*(dataclasses.replace(run(f"{a} {HALF}", algo, **HALF_MODEL), by_task=HALF_WARM_START)
@@ -216,7 +216,7 @@ PAPER_ITEMS = (
                      Comparison("PG-variance ratio IBPO / GSPO vs 1",
                                 ((1.0, "IBPO-GSPO", "pg_var_ratio"),), expect="lower",
                                 ref=1.0)),
-        keeps=PG_VARIANCE_PARTS, notes=(Lazy("experiments.item_notes:pg_ratio"),),
+        keeps=PG_VARIANCE_PARTS, notes=(Lazy("experiments.reports.item_notes:pg_ratio"),),
         tasks=NOT_COUNTDOWN),
     Item(
         "appendix_b", "Appendix B: correction rollouts at equal budget",
@@ -245,7 +245,8 @@ PAPER_ITEMS = (
                                                     "clip-higher")
                            if agg in CLIP_HIGHER_ON or x != "clip-higher")
                      for agg in AGGREGATIONS),
-        keeps=("cancellation_residual_whole",), notes=(Lazy("experiments.item_notes:mechanisms"),),
+        keeps=("cancellation_residual_whole",),
+        notes=(Lazy("experiments.reports.item_notes:mechanisms"),),
         tasks=NOT_COUNTDOWN),
     Item(
         "variants", "Which IBPO variant moves the gradient's direction",
@@ -260,18 +261,18 @@ PAPER_ITEMS = (
                           for r in VARIANT_RUNS if r.algo != "gspo"),
         some=True, keeps=(*PG_VARIANCE_PARTS, "adv_mean_before_error", "adv_mean_after_error"),
         # + every variant on the same batches of the base policy
-        sections=(Lazy("experiments.gradient_probe:section_of"),)),
+        sections=(Lazy("experiments.probes.gradient_probe:section_of"),)),
     # A probe of the base policy, no training.
     Item(
         "credit", "Credit: which signal finds the checker's first wrong step", (),
         {}, "the first error found by sequence alignment is where a response goes wrong",
-        min_seeds=3, probe=Lazy("experiments.credit_probe:probe")),
+        min_seeds=3, probe=Lazy("experiments.probes.credit_probe:probe")),
     # Issue #47: the base's batches and held-out ones of GSPO / IBPO-GSPO's final policies
     # (their checkpoints where they exist), no training.
     Item(
         "prefix_credit", "Prefix credit: do correct peers already pay for a right prefix?", (),
         {}, "a wrong response's right prefix is one its correct peers share, so GSPO's penalty "
         "there is already cancelled and IBPO's φ has little left to fix",
-        min_seeds=3, probe=Lazy("experiments.prefix_credit:probe")),
+        min_seeds=3, probe=Lazy("experiments.probes.prefix_credit:probe")),
 )
 

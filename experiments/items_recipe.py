@@ -83,7 +83,7 @@ RECIPE_ITEMS = (
                      vs("IBPO-GSPO + DS", "GSPO + DS", expect=NO_CLAIM),
                      did("IBPO-GSPO + DS", "GSPO + DS", "IBPO-GSPO", "GSPO",
                          name="IBPO's gain with DS vs without", expect=NO_CLAIM)),
-        sections=(Lazy("experiments.item_notes:mixed_groups"),),
+        sections=(Lazy("experiments.reports.item_notes:mixed_groups"),),
         panels=(("GSPO", "IBPO-GSPO", "GSPO + DS", "IBPO-GSPO + DS"),
                 ("GSPO", "recipe", "recipe + IBPO")),
         tasks=("arith", "arith_long"), speed_in_trajectories=True,
@@ -98,7 +98,7 @@ RECIPE_ITEMS = (
         keeps=("time_rollout_s", "time_update_s", "time_wait_s"),
         comparisons=tuple(vs(f"{base.label} {name}", base.label, expect=NO_CLAIM)
                           for name, _ in SCALE_VARIANTS for base in (GSPO, IBPO)),
-        notes=(Lazy("experiments.item_notes:step_time"),), tasks=("arith",),
+        notes=(Lazy("experiments.reports.item_notes:step_time"),), tasks=("arith",),
         panels=tuple((b.label, *(f"{b.label} {name}" for name, _ in SCALE_VARIANTS))
                      for b in (GSPO, IBPO)),
         smoke=("IBPO-GSPO LoRA",)),  # off-policy's overrides: parsed by the planning tests

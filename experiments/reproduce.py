@@ -22,8 +22,8 @@ labels (the report still reads every record); a run that another driver is train
 to it.
 `--report-only` trains nothing and reports the records there are (a grid stopped midway: the
 tables say how many seeds each row has). Verdicts follow one rule for every item
-(experiments/stats.py, stated in experiments/results/README.md); records name the code that
-made them (`commit`, `dirty`; older ones back-filled by `python -m experiments.provenance`).
+(experiments/reports/stats.py, stated in experiments/results/README.md); records name the code that
+made them (`commit`, `dirty`; older ones back-filled by `python -m experiments.reports.provenance`).
 
 --smoke trains the `smoke` preset for one step, one seed, the first run of each item (or the
 runs its `smoke` names), into --out (a temporary directory by default): seconds per run, for
@@ -46,8 +46,9 @@ import warnings
 from pathlib import Path
 
 from experiments import items as items_lib
-from experiments import items_registry, report, summary
+from experiments import items_registry
 from experiments.host import cpu_model, git_commit
+from experiments.reports import report, summary
 from ibpo_jax.trainer import logs
 
 ROOT = items_lib.ROOT
@@ -267,7 +268,7 @@ def own(path: Path, paired: bool) -> Path:
 
 def refuse_dirty(paired: list[items_lib.Item]) -> None:
     """A paired item trains from a clean tree only: its records name one commit, and a report
-    refuses to pair records of different commits (experiments/paired.py)."""
+    refuses to pair records of different commits (experiments/reports/paired.py)."""
     commit, dirty = git_commit(ROOT)
     if paired and dirty:
         raise SystemExit(f"{', '.join(i.name for i in paired)}: a paired item trains at one "

@@ -1,9 +1,10 @@
-"""experiments/gradient_probe.py: `variants`' section measures the seeds its command asked for
-and reads every seed recorded (not as many as the item's runs have records)."""
+"""experiments/probes/gradient_probe.py: `variants`' section measures the seeds its command asked
+for and reads every seed recorded (not as many as the item's runs have records)."""
 
 import json
 
-from experiments import gradient_probe, items, items_registry
+from experiments import items, items_registry
+from experiments.probes import gradient_probe
 
 
 def test_the_section_measures_the_asked_seeds_and_reads_every_recorded_one(tmp_path,

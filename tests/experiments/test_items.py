@@ -64,7 +64,8 @@ def test_every_hook_an_item_names_resolves(name):
         Lazy("experiments.items:nowhere")()
 
 
-@pytest.mark.parametrize("module", ["reproduce", "report", "report_provenance", "summary", "plots"])
+@pytest.mark.parametrize("module", ["reproduce", "reports/report", "reports/report_provenance",
+                                    "reports/summary", "reports/plots"])
 def test_the_driver_and_the_report_know_no_item_by_name(module):
     src = (ROOT / "experiments" / f"{module}.py").read_text()
     assert "item.name ==" not in src and "item.name !=" not in src

@@ -6,9 +6,10 @@ import statistics
 
 import pytest
 
-from experiments import item_notes, items, items_paper, items_recipe, report, reproduce, summary
+from experiments import items, items_paper, items_recipe, reproduce
 from experiments import items_registry as registry
 from experiments.items import NO_CLAIM, Item, Run, did, run
+from experiments.reports import item_notes, report, summary
 
 ARITH_LONGEST = {"arith": 38, "arith_long": 88}  # the longest right answer, EOS included
 

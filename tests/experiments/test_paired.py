@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from scipy import stats as sp
 
-from experiments import items_oracle, paired, reproduce, stats
+from experiments import items_oracle, reproduce
+from experiments.reports import paired, stats
 
 ITEM = items_oracle.ORACLE_ITEMS[0]
 

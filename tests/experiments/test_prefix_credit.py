@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import base_probe, prefix_rules
-from experiments import prefix_credit as pc
+from experiments.probes import base_probe, prefix_rules
+from experiments.probes import prefix_credit as pc
 from ibpo_jax import config
 from ibpo_jax.core import losses
 from ibpo_jax.data import arith, countdown
@@ -121,7 +121,7 @@ def _part(shared: int, right: int, unshared_ge0: float) -> dict:
 
 
 def test_verdict_needs_the_sharing_premise():
-    from experiments import prefix_credit_report as rep
+    from experiments.reports import prefix_credit_report as rep
 
     # Every other condition holds; only the share of right-prefix tokens a peer shares moves.
     held = rep.verdict([_part(60, 100, 0.0), _part(50, 100, 0.5)])  # 55 % shared: premise

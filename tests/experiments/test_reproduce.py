@@ -11,20 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from experiments import (
-    credit_probe,
-    gradient_probe,
-    items,
-    items_paper,
-    plots,
-    provenance,
-    report,
-    reproduce,
-    stats,
-    summary,
-)
+from experiments import items, items_paper, reproduce
 from experiments import items_registry as registry
-from experiments import report_provenance as prov
+from experiments.probes import credit_probe, gradient_probe
+from experiments.reports import plots, provenance, report, stats, summary
+from experiments.reports import report_provenance as prov
 from ibpo_jax.trainer import logs
 
 ROOT = Path(__file__).parents[2]
@@ -421,7 +412,7 @@ def test_a_run_another_driver_trains_is_left_alone(tmp_path):
 def test_credit_probe_majority_ties_go_to_the_earliest():
     import numpy as np
 
-    from experiments import credit_probe
+    from experiments.probes import credit_probe
 
     peers = np.array([True, True, True, False])
     assert credit_probe._majority(np.array([3, 1, 3, 0]), peers) == 3
@@ -765,7 +756,8 @@ def test_committed_records_name_their_code():
 def test_front_page_verdict_table_matches_the_reports():
     """README's verdict table is the one `summary.front_page_table` makes from the committed
     reports (rewritten by every non-smoke `reproduce` run), so the front page cannot drift."""
-    from experiments import reproduce, summary
+    from experiments import reproduce
+    from experiments.reports import summary
 
     text = (reproduce.ROOT / "README.md").read_text()
     block = text.split(summary.BEGIN, 1)[1].split(summary.END, 1)[0].strip()

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import statistics
 
-from experiments import items, items_paper, items_recipe, report, stats
+from experiments import items, items_paper, items_recipe
+from experiments.reports import report, stats
 
 
 def speed(s: dict[str, dict]) -> str:

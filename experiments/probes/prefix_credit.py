@@ -50,9 +50,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import base_probe, prefix_credit_report
 from experiments.host import cpu_model, git_commit
-from experiments.prefix_classes import (  # noqa: F401  (also prefix_credit.*: the probe's terms)
+from experiments.probes import base_probe
+from experiments.probes.prefix_classes import (  # noqa: F401  (also prefix_credit.*: the probe's terms)
     CLASS_LABELS,
     CLASSES,
     CREDIT_LABELS,
@@ -61,14 +61,15 @@ from experiments.prefix_classes import (  # noqa: F401  (also prefix_credit.*: t
     RUNS,
     SHARE,
 )
-from experiments.prefix_rules import ARITH, Rule, rule_for, truth
+from experiments.probes.prefix_rules import ARITH, Rule, rule_for, truth
+from experiments.reports import prefix_credit_report
 from ibpo_jax import config
 from ibpo_jax.core import cancellation, losses
 from ibpo_jax.runtime import sharding
 from ibpo_jax.trainer import batching, loop, step
 from ibpo_jax.trainer.checkpoint import Checkpointer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BATCHES = 8  # rollout batches per seed and part (arith: 8 x 32 prompts x G 8 = 2,048 responses)
 TOL = 1e-4  # |net| at most this (advantage units) is 0: float32 sums of O(1) terms
 HELD_OUT = 1 << 20  # key offset of held-out batches (apart from the rollout keys 0, 1, ...)
@@ -432,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     preset, extra = reproduce_lib.TASKS[args.task]
     runs_dir = args.runs_dir or ROOT / "runs" / "reproduce" / args.task
-    command = f"python -m experiments.prefix_credit --task {args.task} --seeds {args.seeds}"
+    command = f"python -m experiments.probes.prefix_credit --task {args.task} --seeds {args.seeds}"
     for path in reproduce(preset=preset, extra=extra, seeds=args.seeds,
                           records_dir=args.out / "runs" / args.task,
                           out_dir=args.out / args.task, runs_dir=runs_dir, command=command,

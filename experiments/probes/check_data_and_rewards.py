@@ -1,6 +1,6 @@
 """End-to-end check of tasks, data and rewards (the "done means" demo of the data issue).
 
-    python experiments/check_data_and_rewards.py [--data_dir DIR] [--workers 2]
+    python experiments/probes/check_data_and_rewards.py [--data_dir DIR] [--workers 2]
 
 1. builds `arith` (TFDS, array_record, no TensorFlow) and tokenizes a batch with CharTokenizer;
 2. scores hand-written correct/incorrect arith responses and checks the first wrong steps;
@@ -26,7 +26,8 @@ from ibpo_jax.data import arith, get_task
 from ibpo_jax.data.tokenizer import CharTokenizer
 from ibpo_jax.rewards import RewardPool, run_tests
 
-FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, "tests", "data", "fixtures")
+FIXTURES = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tests", "data",
+                        "fixtures")
 FAILURES: list[str] = []
 
 

@@ -1,5 +1,5 @@
-"""What the `prefix_credit` probe (experiments/prefix_credit.py) measures and its page
-(experiments/prefix_credit_report.py) shows: the runs read, the credits compared, the node
+"""What the `prefix_credit` probe (experiments/probes/prefix_credit.py) measures and its page
+(experiments/reports/prefix_credit_report.py) shows: the runs read, the credits compared, the node
 classes, the histogram's edges and the concentration share. Its own module so that the probe
 imports its report and the report imports nothing of the probe."""
 

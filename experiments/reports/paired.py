@@ -26,9 +26,9 @@ import statistics
 from pathlib import Path
 
 from experiments import items as items_lib
-from experiments import report, stats
 from experiments.items_oracle import PAIRS
-from experiments.report_provenance import final_accuracy as final
+from experiments.reports import report, stats
+from experiments.reports.report_provenance import final_accuracy as final
 
 BASELINE = "GSPO"
 

@@ -1,5 +1,6 @@
 """The summary table, experiments/results/README.md: each item's verdict per task, and the rule
-those verdicts follow (experiments/stats.py, report.verdict_word), stated once for every item."""
+those verdicts follow (experiments/reports/stats.py, report.verdict_word), stated once for every
+item."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from experiments import items_registry
 RULE = """\
 ## The rule
 
-Every verdict follows one rule (`experiments/stats.py`, `experiments/report.py`):
+Every verdict follows one rule (`experiments/reports/stats.py`, `experiments/reports/report.py`):
 
 - **A comparison** is a contrast of seed means the paper says goes one way: a run against
   another (final held-out accuracy unless named), C.1's gain at one size against the gain at
@@ -44,7 +45,7 @@ Every verdict follows one rule (`experiments/stats.py`, `experiments/report.py`)
   report names the items it shares runs and comparisons with. The items' verdicts are therefore not
   independent evidence, and Holm corrects within an item, not across the table.
 - **Provenance**: each record names its code (`commit`, `dirty`) and host (`cpu`); records
-  written before that are back-filled by `python -m experiments.provenance` with the parent
+  written before that are back-filled by `python -m experiments.reports.provenance` with the parent
   of the commit that added their values (`commit_source` says so; `dirty` null: unknown).
   Reports list the commits behind their records and any truncated record; where a two-run
   comparison's records span hosts, the effect on each host's seeds alone and whether the hosts

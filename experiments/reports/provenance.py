@@ -1,7 +1,8 @@
 """Back-fill the code that made each committed record (issue 42): `commit`, `dirty`,
 `commit_source` and `cpu`, for records written before reproduce.py / the probes recorded them.
 
-    python -m experiments.provenance [RECORDS_DIR ...]   (default: experiments/results/runs/*)
+    python -m experiments.reports.provenance [RECORDS_DIR ...]
+        (default: experiments/results/runs/*)
 
 A record's measured values were first committed by some commit O: the oldest of the newest
 unbroken line of versions of the file whose measured values equal the current ones (a later
@@ -23,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ADDED = ("commit", "dirty", "commit_source", "cpu")
 NOT_MEASURED = (*ADDED, "truncated")
 # A message names the host a record ran on only as "on <host>" / "<host> host" (a message

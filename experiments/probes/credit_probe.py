@@ -29,14 +29,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from experiments import base_probe
 from experiments import items as items_lib
 from experiments.host import cpu_model, git_commit
+from experiments.probes import base_probe
 from ibpo_jax import config
 from ibpo_jax.core import comparison
 from ibpo_jax.trainer import batching, credit, loop, step_labels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 BATCHES = 8  # rollout batches per seed (arith_tiny: 8 x 32 prompts x G 8 = 2,048 responses)
 OPERATORS = {"φ's peer (lcs_first_error)": "lcs_first_error", "LCS-ratio peer": "lcs",
@@ -252,7 +252,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     if COMPLETION in names:  # no peer needed: the policy's own continuations of each prefix
         why += (f"; the policy's completions ({COMPLETIONS} a step prefix, the first prefix "
                 f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
-    from experiments import report  # (report does not import the probes)
+    from experiments.reports import report  # (report does not import the probes)
 
     lines += ["", f"**Measured:** {why}.", "",
               f"Code (commit of each record): {report.code_versions({'credit': recs})}.", "",

@@ -1,6 +1,6 @@
 """What a report says of where its records come from: whether they share their base policy,
 the code (commits) and hosts that made them, truncated records, and the runs and comparisons
-an item shares with other items (experiments/report.py writes these under each table)."""
+an item shares with other items (experiments/reports/report.py writes these under each table)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def shared_runs(item: items_lib.Item, task: str = "") -> list[str]:
 
 def code_versions(data: dict[str, list[dict]]) -> str:
     """The commits whose code made the records, with how many records each (a backfilled
-    commit is the parent of the commit that added the record: `experiments/provenance.py`)."""
+    commit is the parent of the commit that added the record:
+    `experiments/reports/provenance.py`)."""
     n = collections.Counter()
     for recs in data.values():
         for r in recs:
@@ -127,7 +128,7 @@ def host_split(item: items_lib.Item, data: dict[str, list[dict]]) -> list[str]:
     (issue 57): its effect within each host's seeds (Welch) and, for two hosts, whether they
     disagree (the difference of the two effects, Welch): a pooled "level" may average two
     groups that contradict each other."""
-    from experiments import stats  # (scipy: only where a report asks)
+    from experiments.reports import stats  # (scipy: only where a report asks)
 
     host = lambda r: r.get("cpu") or "unknown"  # noqa: E731
     out = []

@@ -28,9 +28,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from experiments import base_probe, items_paper
 from experiments import items as items_lib
+from experiments import items_paper
 from experiments.host import cpu_model, git_commit
+from experiments.probes import base_probe
 from ibpo_jax import config
 from ibpo_jax.trainer import loop, pg_variance, step
 
@@ -116,7 +117,7 @@ def section(recs: list[dict], *, command: str) -> list[str]:
         return []
     labels = [r.label for r in variants()]
     lines = ["", "## Same batches, at the base policy", "",
-             f"Produced by `{command}` (`experiments/gradient_probe.py`, records "
+             f"Produced by `{command}` (`experiments/probes/gradient_probe.py`, records "
              f"`gradient_probe_s*.json`): {recs[0]['batches']} rollout batch(es) of the base "
              f"policy per seed, {len(recs)} seed(s); on each batch every variant's credit and "
              "diagnostics beside GSPO's on the same batch (`_gspo`). Mean ± sd over seeds of "
@@ -124,7 +125,7 @@ def section(recs: list[dict], *, command: str) -> list[str]:
              "| variant | " + " | ".join(KEYS) + " |", "|" + "---|" * (len(KEYS) + 1)]
     for label in labels:
         lines.append(f"| {label} | " + " | ".join(_cell(recs, label, k) for k in KEYS) + " |")
-    from experiments import report  # (report does not import the probes)
+    from experiments.reports import report  # (report does not import the probes)
 
     probes = {"gradient probe": recs}
     return [*lines, "", f"Code (commit of each probe record): {report.code_versions(probes)}; "

@@ -3,10 +3,10 @@
 A record (experiments/reproduce.py) holds a run's config and its per-step rows. For each item
 this writes <out>/<task>/<item>.md (mean ± sd over seeds, the paper's number beside ours, each
 of the claim's comparisons with its interval and p-values, a verdict from their counts, the
-code and hosts that made the records), <item>.png (experiments/plots.py) and <item>.json (the
-verdict and its counts, for the summary table).
+code and hosts that made the records), <item>.png (experiments/reports/plots.py) and
+<item>.json (the verdict and its counts, for the summary table).
 
-The rule (experiments/stats.py; stated in experiments/results/README.md): each comparison of
+The rule (experiments/reports/stats.py; stated in experiments/results/README.md): each comparison of
 `Item.comparisons` is a Welch test of a contrast of seed means; it goes "higher" / "lower"
 only at Holm-adjusted p < 0.05 within its item, else it is "level", shown with the smallest
 effect the seed counts detect at 80 % power. An item's verdict counts its comparisons (k go
@@ -23,7 +23,7 @@ import statistics
 from pathlib import Path
 
 from experiments import items as items_lib
-from experiments import plots, report_provenance, stats
+from experiments.reports import plots, report_provenance, stats
 
 # The probes' pages (credit, variants, prefix_credit) read these as report.*.
 code_versions, hosts = report_provenance.code_versions, report_provenance.hosts

@@ -1,4 +1,4 @@
-"""The results page of the `prefix_credit` probe (experiments/prefix_credit.py, issue #47):
+"""The results page of the `prefix_credit` probe (experiments/probes/prefix_credit.py, issue #47):
 prefix_credit.md / .json / .png from the per-seed records, without sampling again."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments import prefix_classes as terms
-from experiments import prefix_rules
+from experiments.probes import prefix_classes as terms
+from experiments.probes import prefix_rules
 
 # The hypothesis holds where its premise does (more than MOST of the wrong responses'
 # right-prefix tokens lie on a node a correct peer shares: elsewhere no peer is there to cancel
@@ -172,9 +172,9 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     lines = ["# Prefix credit: do correct peers already pay for a wrong response's right "
              "prefix? (issue #47)", "",
              f"Produced by `{command}` from the records in `{records_dir.name}/` "
-             f"(`prefix_credit_s*.json`; `experiments/prefix_credit.py` says what is measured "
-             f"and how). Nothing is trained: {recs[0]['batches']} rollout batches per seed of "
-             f"the committed base, {len(recs)} seed(s); {runs}. Cells: mean over seeds "
+             f"(`prefix_credit_s*.json`; `experiments/probes/prefix_credit.py` says what is "
+             f"measured and how). Nothing is trained: {recs[0]['batches']} rollout batches per "
+             f"seed of the committed base, {len(recs)} seed(s); {runs}. Cells: mean over seeds "
              "[95 % t-interval]. Only groups with right and wrong responses count (elsewhere "
              f"every advantage is 0).{' ' + rule.note if rule.note else ''}", "",
              "## Who shares a wrong response's right prefix", "",
@@ -191,7 +191,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     for name, parts in by_policy.items():
         lines += _class_rows(name, parts)
     measured = [_measured(name, parts, rule) for name, parts in by_policy.items()]
-    from experiments import report  # (report does not import the probes)
+    from experiments.reports import report  # (report does not import the probes)
 
     probes = {"prefix_credit": recs + trained}
     lines += ["", "## Verdict", "", RULE, "",
