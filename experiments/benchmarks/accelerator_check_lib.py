@@ -197,6 +197,7 @@ class BenchTrainer(loop.Trainer):
         self.jitted = {"sampler_prefill": getattr(generate, "prefill", None),
                        "credit": credit, "update": update, "score": self.score_fn}
         self.generate = self._noted("sample", generate)
+        self.rollouts.sampler = self.generate  # what a step's collect calls (it kept its own)
         self.credit_fn = self._noted("phi", credit)
         self.update_fn = self._scored(self._noted("update", update))
 

@@ -73,6 +73,8 @@ def test_every_figure_is_there_and_finite(run):
     # Compiles counted in step 1 (the sampler, credit, score, update), none after it.
     c = d["compile"]
     assert c["first_step"]["compiles"] >= 4 and c["first_step"]["seconds"] > 0
+    # ... each in its phase: the sampler's programs under "sample", not "other".
+    assert c["first_step_by_phase"]["sample"]["compiles"] >= 2, c["first_step_by_phase"]
     assert c["recompiles_after_step_1"] == 0, c["recompiled"]
     assert all(v == 1 for v in c["jit_cache_sizes"].values()), c["jit_cache_sizes"]
     # CPU has no HBM figures: said, not invented. The plan: its figures or why not.
