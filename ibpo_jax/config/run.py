@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibpo_jax.config.logging_section import LoggingConfig
 from ibpo_jax.config.registry import ESTIMATORS, METHODS, SECTIONS
+from ibpo_jax.config.schema import with_sections
 from ibpo_jax.config.sections import (
     MIN_TEMPERATURE,
     AdvantageConfig,
@@ -208,18 +209,14 @@ class CoreConfig(Section):
 def _with_method_sections(core: type) -> type:
     """`core` with one last field per registered method section (`registry.SECTIONS`, in name
     order), each defaulting to its section's defaults."""
-    fields = []
-    for name in SECTIONS.names():
-        section = SECTIONS.get(name)
+    sections = {name: SECTIONS.get(name) for name in SECTIONS.names()}
+    for name, section in sections.items():
         if section.KEY != name:
             raise TypeError(f"method section {section.__name__} is registered as {name!r} but "
                             f"its KEY is {section.KEY!r}")
-        fields.append((name, section, dataclasses.field(default_factory=section)))
-    cls = dataclasses.make_dataclass("RunConfig", fields, bases=(core,), frozen=True)
-    cls.__module__ = __name__  # pickles as ibpo_jax.config.run.RunConfig
-    cls.__doc__ = ("The whole run's config: the core's sections (`CoreConfig`) and the methods' "
-                   f"({', '.join(f'`{n}`' for n in SECTIONS.names())}).")
-    return cls
+    return with_sections(core, "RunConfig", __name__, sections, (
+        "The whole run's config: the core's sections (`CoreConfig`) and the methods' "
+        f"({', '.join(f'`{n}`' for n in sections)})."))
 
 
 RunConfig = _with_method_sections(CoreConfig)

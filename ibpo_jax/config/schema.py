@@ -108,3 +108,15 @@ class Section:
     def _unit(self, name: str, *, open_high: bool = False) -> None:
         x, top = getattr(self, name), ")" if open_high else "]"
         self._require(name, 0 <= x < 1 if open_high else 0 <= x <= 1, f"must be in [0, 1{top}")
+
+
+def with_sections(core: type, name: str, module: str, sections: dict[str, type],
+                  doc: str) -> type:
+    """A frozen dataclass `name` (importable as `module`.`name`, so it pickles): `core`'s fields,
+    then one per entry of `sections` (field name -> section class, defaulting to its defaults).
+    How the run config adds the sections that other layers register (methods, tasks)."""
+    fields = [(n, section, dataclasses.field(default_factory=section))
+              for n, section in sections.items()]
+    cls = dataclasses.make_dataclass(name, fields, bases=(core,), frozen=True)
+    cls.__module__, cls.__doc__ = module, doc
+    return cls

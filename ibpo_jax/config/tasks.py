@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from ibpo_jax.config import registry
-from ibpo_jax.config.schema import Section
+from ibpo_jax.config.schema import Section, with_sections
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,18 +45,11 @@ class TaskCore(Section):
             self._registered("eval_name", registry.TASKS)
 
 
-def _with_procedural_sections(core: type) -> type:
-    """`core` with one last field per procedural task (its generator's section, in name order:
-    `config.task.<name>`)."""
-    fields = [(name, section, dataclasses.field(default_factory=section)) for name, section in
-              ((n, registry.PROCEDURAL.get(n).section) for n in registry.PROCEDURAL.names())]
-    cls = dataclasses.make_dataclass("TaskConfig", fields, bases=(core,), frozen=True)
-    cls.__module__ = __name__  # pickles as ibpo_jax.config.tasks.TaskConfig
-    cls.__doc__ = "What to train and evaluate on: `TaskCore` and the procedural tasks' sections."
-    return cls
-
-
-TaskConfig = _with_procedural_sections(TaskCore)
+# One last field per procedural task: its generator's section, in name order (config.task.<name>).
+TaskConfig = with_sections(
+    TaskCore, "TaskConfig", __name__,
+    {n: registry.PROCEDURAL.get(n).section for n in registry.PROCEDURAL.names()},
+    "What to train and evaluate on: `TaskCore` and the procedural tasks' sections.")
 
 
 @dataclasses.dataclass(frozen=True)
