@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from ibpo_jax import config as config_lib
 from ibpo_jax import models
 from ibpo_jax.runtime import hostmem, sharding
-from ibpo_jax.trainer import batching, cli, evaluation, loop, policy
+from ibpo_jax.trainer import batching, cli, evaluation, parts, policy, run_tasks
 from ibpo_jax.trainer.checkpoint import Checkpointer
 from ibpo_jax.trainer.state import init_state, lora_adapters, make_optimizer, policy_params
 
@@ -67,21 +67,22 @@ def evaluate_benchmarks(cfg: config_lib.RunConfig, checkpoint: str,
     its test split."""
     sharding.initialize_distributed(cfg.train.distributed)  # "auto": if launched as several
     mesh = sharding.make_mesh(data=cfg.mesh.data, fsdp=cfg.mesh.fsdp, tensor=cfg.mesh.tensor)
-    tokenizer = loop.build_tokenizer(cfg)
-    train_task, eval_task, _ = loop.train_and_eval_tasks(cfg, tokenizer)
+    tokenizer = run_tasks.build_tokenizer(cfg)
+    train_task, eval_task, _ = run_tasks.train_and_eval_tasks(cfg, tokenizer)
     m = load_policy(cfg, Path(checkpoint), task=train_task, tokenizer=tokenizer, mesh=mesh)
     generate = batching.sampler(cfg, m.config, m.options, tokenizer, mesh,
                                 num_samples=cfg.eval.samples, evaluation=True)
     if benchmarks:
-        todo = [(name, loop.build_task(cfg, tokenizer, name, path)) for name, path in benchmarks]
+        todo = [(name, run_tasks.build_task(cfg, tokenizer, name, path))
+                for name, path in benchmarks]
     else:
         todo = [(eval_task.name, eval_task)]
     results = {}
     for name, task in todo:
         split = (cfg.task.test_split if task is train_task and cfg.task.test_split in task.splits
-                 else loop.default_split(task))
+                 else run_tasks.default_split(task))
         records = evaluation.problems(cfg, task, split)
-        pool = loop.reward_pool(cfg, task.reward)
+        pool = parts.reward_pool(cfg, task.reward)
         try:
             with jax.set_mesh(mesh):
                 results[f"{name}/{split}"] = evaluation.run(

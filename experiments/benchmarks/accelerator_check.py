@@ -165,7 +165,8 @@ def run_steps(trainer: lib.BenchTrainer, steps: int, deadline: float, out: dict,
             "step": s, "phases_s": phases, "trainer_step_s": sum(
                 v for k, v in phases.items() if k != "score"), "wall_s": wall,
             "compiles": compiles, "compiles_total": total, "mismatch": last["mismatch"],
-            "phi_mean": metrics.get("phi_mean"),
+            "phi_mean": metrics.get("phi_mean"), "accuracy": metrics.get("accuracy"),
+            "frac_groups_all_same": metrics.get("frac_groups_all_same"),
             "trainer_logprob_mismatch": metrics.get("logprob_mismatch"),
             "rlen": [int(x) for x in last["rlen"]], "plen": [int(x) for x in last["plen"]]})
         write()
@@ -179,7 +180,7 @@ def derive(out: dict, cfg: config_lib.RunConfig, trainer: lib.BenchTrainer,
     steps = out["steps"]
     steady = steps[1:] or steps
     med = lambda f: statistics.median(f(s) for s in steady)  # noqa: E731
-    c = trainer.base.config
+    c = trainer.parts.base.config
     plen, rlen = np.array(steps[-1]["plen"]), np.array(steps[-1]["rlen"])
     g = cfg.rollout.group_size
     flops = {"generate": lib.generate_flops(c, plen, rlen, g),
@@ -394,7 +395,7 @@ def measure(out: dict, cfg: config_lib.RunConfig, chip: chips.Chip | None, steps
     try:
         trainer = lib.BenchTrainer(cfg, lib.CompileCounter())
         # as the trainer resolved it
-        out["meta"]["shapes"]["microbatches"] = trainer.spec.optim.microbatches
+        out["meta"]["shapes"]["microbatches"] = trainer.parts.spec.optim.microbatches
         run_steps(trainer, steps, deadline, out, write)
         if len(out["steps"]) < steps:  # the figures of the steps that ran, flagged
             out["errors"].append(f"only {len(out['steps'])} of {steps} steps ran" + (

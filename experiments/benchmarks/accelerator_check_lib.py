@@ -13,6 +13,7 @@ the advantages have their real work.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import tempfile
 import time
@@ -25,7 +26,9 @@ from ibpo_jax import models
 from ibpo_jax.config import RunConfig
 from ibpo_jax.data.tasks import Task
 from ibpo_jax.runtime import sharding
+from ibpo_jax.trainer import collect as collect_lib
 from ibpo_jax.trainer import loop, step
+from ibpo_jax.trainer import parts as parts_lib
 
 DELIM_EVERY = 24  # stand-in step delimiter: token ids = 0 mod 24
 _CHAR0 = 0xE000  # private-use plane start: id i <-> chr(_CHAR0 + i), no surrogates
@@ -160,11 +163,32 @@ def stand_in_task(vocab: int, prompt_len: int, n: int, seed: int) -> Task:
                 prompt_fn=lambda r: r["prompt"], reference_fn=lambda r: None)
 
 
+@dataclasses.dataclass(frozen=True)
+class DrawnCollector(collect_lib.Collector):
+    """The trainer's collector whose verifier is followed by a seeded correctness draw
+    (module docstring): random weights answer nothing right, and all-wrong groups would
+    leave the update no signal."""
+
+    rng: np.random.Generator | None = None
+
+    def score(self, records, tokens, lengths):
+        """The preset's verifier on the decoded rows (timed as the reward phase), then about
+        half of each group drawn correct."""
+        reward, correct, ended, infos = super().score(records, tokens, lengths)
+        g = self.cfg.rollout.group_size
+        draw = np.stack([self.rng.permutation(g) < max(1, g // 2)
+                         for _ in range(len(lengths) // g)])
+        correct = draw.reshape(-1)[: len(lengths)]
+        reward = np.where(correct, self.cfg.reward.correct, self.cfg.reward.wrong)
+        return reward.astype(np.float32), correct, ended, infos
+
+
 class BenchTrainer(loop.Trainer):
     """`loop.Trainer` on random weights with the stand-ins above; `rl_step` is the trainer's
-    own. Each phase's device program is wrapped to note the device memory after it, and the
+    own. Each phase's device program is wrapped to note the device memory after it, the
     update's wrapper first scores the rollout with the policy (`score`, the update's frozen
-    forward on its own) for the sampler-vs-trainer log-prob mismatch."""
+    forward on its own) for the sampler-vs-trainer log-prob mismatch, and the collector's
+    verifier is followed by the seeded correctness draw (`DrawnCollector`)."""
 
     def __init__(self, cfg: RunConfig, counter: CompileCounter, seed: int = 0):
         tokenizer_of = lambda c, vocab_size=None: StandInTokenizer(self._vocab)  # noqa: E731
@@ -174,32 +198,35 @@ class BenchTrainer(loop.Trainer):
         task = stand_in_task(self._vocab, cfg.rollout.max_prompt_len, n, seed)
         patched = {"build_tokenizer": tokenizer_of,
                    "train_and_eval_tasks": lambda c, t: (task, task, "validation")}
-        saved = {k: getattr(loop, k) for k in patched}
+        saved = {k: getattr(parts_lib, k) for k in patched}
         make_mesh = sharding.make_mesh
         self._workdir = tempfile.TemporaryDirectory(prefix="accelerator_check_")
         try:  # the Trainer's own constructor, with the stand-ins in place of files, on one chip
             for k, v in patched.items():
-                setattr(loop, k, v)
+                setattr(parts_lib, k, v)
             sharding.make_mesh = functools.partial(make_mesh, devices=jax.devices()[:1])
             super().__init__(cfg, self._workdir.name, log=lambda *_: None)
         finally:
             sharding.make_mesh = make_mesh
             for k, v in saved.items():
-                setattr(loop, k, v)
+                setattr(parts_lib, k, v)
         self.device = jax.devices()[0]
-        self.rng = np.random.default_rng(seed + 1)
         self.memory: dict[str, int] = {}  # phase -> peak_bytes_in_use after it (cumulative)
         self.last: dict[str, Any] = {}  # this step's score time, mismatch, lengths, compiles
         self.counter = counter
-        self.score_fn = jax.jit(functools.partial(_policy_logprobs, self.spec))
-        generate, credit, update = self.generate, self.credit_fn, self.update_fn
+        run = self.parts
+        self.score_fn = jax.jit(functools.partial(_policy_logprobs, run.spec))
         # Compiled-program caches, to show the programs did not multiply over the steps.
-        self.jitted = {"sampler_prefill": getattr(generate, "prefill", None),
-                       "credit": credit, "update": update, "score": self.score_fn}
-        self.generate = self._noted("sample", generate)
-        self.rollouts.sampler = self.generate  # what a step's collect calls (it kept its own)
-        self.credit_fn = self._noted("phi", credit)
-        self.update_fn = self._scored(self._noted("update", update))
+        self.jitted = {"sampler_prefill": getattr(run.generate, "prefill", None),
+                       "credit": run.credit_fn, "update": run.update_fn, "score": self.score_fn}
+        generate = self._noted("sample", run.generate)
+        run.schedule.placement.sampler = generate  # what a step's collect samples with
+        fields = {f.name: getattr(run.collector, f.name)
+                  for f in dataclasses.fields(run.collector)}
+        self.parts = dataclasses.replace(
+            run, generate=generate, credit_fn=self._noted("phi", run.credit_fn),
+            update_fn=self._scored(self._noted("update", run.update_fn)),
+            collector=DrawnCollector(**fields, rng=np.random.default_rng(seed + 1)))
 
     def _note(self, phase: str) -> None:
         stats = self.device.memory_stats()
@@ -233,17 +260,6 @@ class BenchTrainer(loop.Trainer):
             self.last["extra_s"] = time.perf_counter() - t0  # all of this is not the update's
             return update(state, ref_params, rollout, cred, key, plan)
         return wrapped
-
-    def score(self, records, tokens, lengths):
-        """The preset's verifier on the decoded rows (timed as the reward phase), then the
-        seeded correctness draw (module docstring)."""
-        reward, correct, ended, infos = super().score(records, tokens, lengths)
-        g = self.cfg.rollout.group_size
-        draw = np.stack([self.rng.permutation(g) < max(1, g // 2) for _ in range(len(lengths)
-                                                                                // g)])
-        correct = draw.reshape(-1)[: len(lengths)]
-        reward = np.where(correct, self.cfg.reward.correct, self.cfg.reward.wrong)
-        return reward.astype(np.float32), correct, ended, infos
 
     def close(self) -> None:
         super().close()

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -176,7 +177,7 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
     times, flops, old_pass, compile_s, rows, captured = [], [], [], [], [], {}
     with tempfile.TemporaryDirectory() as work:
         trainer = Trainer(cfg, work, log=lambda *_: None)
-        update = trainer.update_fn
+        update = trainer.parts.update_fn
         if profile:  # keep the last step's update inputs but the donated state
             def capture(*a):
                 captured["args"] = a[1:]
@@ -184,12 +185,12 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
 
         try:
             for s in range(1, args.steps + 1):
-                check = IndexSampler(len(trainer.train_records), seed=cfg.seed)
-                check.restore(trainer.order.position)
+                check = IndexSampler(len(trainer.parts.train_records), seed=cfg.seed)
+                check.restore(trainer.parts.order.position)
                 assert np.array_equal(check.next_indices(PROMPTS), per_step[s - 1]), \
                     "our trainer would draw other prompts than TRL is given"
                 if profile and s == args.steps:
-                    trainer.update_fn = capture
+                    trainer.parts = dataclasses.replace(trainer.parts, update_fn=capture)
                 c0, t0 = compiles.total, time.perf_counter()
                 m, _ = trainer.rl_step(s)  # (metrics, record rows)
                 times.append(time.perf_counter() - t0)
@@ -198,7 +199,7 @@ def bench_ours(algo: str, ckpt: Path, data_dir: Path, args, per_step: list[np.nd
                 f = step_flops(n_params, prompt_lens[s - 1],
                                round(m["response_len_mean"] * PROMPTS * G))
                 # Reference pass, plus a separate old-log-prob pass only with several updates.
-                passes = 1 if trainer.spec.single_update else 2
+                passes = 1 if trainer.parts.spec.single_update else 2
                 flops.append(f["generate"] + passes * f["logprob_pass"] + f["fwd_bwd"])
                 old_pass.append((passes - 1) * f["logprob_pass"])
             prof = (profile_update(trainer, update, trainer.state, *captured["args"])

@@ -58,7 +58,8 @@ def compaction(spec: str, steps: int, trials: int) -> None:
     from ibpo_jax.trainer.batching import encode_prompts
 
     cfg = config.load(spec)
-    t = loop.Trainer(cfg, "/tmp/probe_decode_workdir", log=lambda *_: None)
+    trainer = loop.Trainer(cfg, "/tmp/probe_decode_workdir", log=lambda *_: None)
+    t = trainer.parts
     r = cfg.rollout
     fns = {c: sampling.generate_fn(
         t.base.config, t.base.options, max_new_tokens=r.max_new_tokens,
@@ -77,7 +78,7 @@ def compaction(spec: str, steps: int, trials: int) -> None:
                 t0 = time.perf_counter()
                 with jax.set_mesh(t.mesh):
                     outs[c] = jax.block_until_ready(
-                        fns[c](t.state.params, prompts.tokens, prompts.lengths, key))
+                        fns[c](trainer.state.params, prompts.tokens, prompts.lengths, key))
                 if trial or s > 1:
                     best[c] = min(best[c], time.perf_counter() - t0)
         same &= bool((np.asarray(outs[False].tokens) == np.asarray(outs[True].tokens)).all())
@@ -89,7 +90,7 @@ def compaction(spec: str, steps: int, trials: int) -> None:
         print(f"step {s}: {len(lengths)} rows, lengths mean {lengths.mean():.1f} max "
               f"{lengths.max()} of {r.max_new_tokens}; row-steps {plain} -> {packed} "
               f"({1 - packed / plain:.1%} saved)", flush=True)
-    t.close()
+    trainer.close()
     print(f"{spec}: row-steps saved {saved / total:.1%}; rollout best of {trials}: "
           f"{best[False]:.3f} s without, {best[True]:.3f} s with compaction; "
           f"same tokens: {same}", flush=True)

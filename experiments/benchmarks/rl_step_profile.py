@@ -21,8 +21,8 @@ from ibpo_jax.trainer.loop import Trainer
 def update_parts(trainer: Trainer, state, rollout, plan) -> tuple[dict, list[int]]:
     """The update's parts as name -> (function, its arguments), and the attention's
     [rows, queries, keys]."""
-    c, o, g = trainer.base.config, trainer.base.options, trainer.spec.group_size
-    grouped = trainer.spec.layout == "grouped"
+    c, o, g = trainer.parts.base.config, trainer.parts.base.options, trainer.parts.spec.group_size
+    grouped = trainer.parts.spec.layout == "grouped"
     if grouped:
         mask = jnp.arange(rollout.response.shape[1])[None] < rollout.response_len[:, None]
         p, r = rollout.prompt.shape[1], rollout.response.shape[1]
@@ -48,7 +48,7 @@ def update_parts(trainer: Trainer, state, rollout, plan) -> tuple[dict, list[int
         return jnp.sum(logp(prm, False).logprobs)  # 0 at padding and each row's first token
 
     def opt_step(prm, opt_state, grads):
-        upd, opt_state = trainer.optimizer.update(grads, opt_state, prm)
+        upd, opt_state = trainer.parts.optimizer.update(grads, opt_state, prm)
         return jax.tree.map(jnp.add, prm, upd), opt_state
 
     # One layer's attention at the same shapes (q [N, K, G, T, H], k/v [N, K, S, H]).
@@ -77,7 +77,7 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
     each jitted alone (best of 3, seconds), with XLA's cost analysis of each."""
     parts, shape = update_parts(trainer, state, rollout, plan)
     out, cost = {}, {}
-    with jax.set_mesh(trainer.mesh):
+    with jax.set_mesh(trainer.parts.mesh):
         for name, (fn, fn_args) in parts.items():
             compiled = jax.jit(fn).lower(*fn_args).compile()
             ca = compiled.cost_analysis()
@@ -95,9 +95,9 @@ def profile_update(trainer: Trainer, update, state, ref_params, rollout, cred, k
         out["update_total"] = best_time(whole, 3, 1)
     # The update's own parts: a separate old pass (with entropy) only with several updates.
     own = ("logprob_pass", "fwd_bwd", "optimizer") + (
-        () if trainer.spec.single_update else ("logprob_pass_with_entropy",))
+        () if trainer.parts.spec.single_update else ("logprob_pass_with_entropy",))
     out["update_other"] = out["update_total"] - sum(out[k] for k in own)
     out["xla_cost_analysis"] = cost
-    out["layout"] = trainer.spec.layout
+    out["layout"] = trainer.parts.spec.layout
     out["attention_rows_queries_keys"] = shape
     return out

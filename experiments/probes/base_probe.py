@@ -41,15 +41,16 @@ def base_trainer(cfg: config.RunConfig) -> Iterator[tuple[loop.Trainer, dict]]:
 
 def sample_batch(trainer: loop.Trainer, k: int) -> Batch:
     """Rollout batch k of the base policy (the trainer's sampler, prompts and G), scored."""
-    g = trainer.cfg.rollout.group_size
-    with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
-        key = jax.random.fold_in(trainer.seed_key, k)
-    records, prompts, out = trainer.collector.sample(key, trainer.policy)
+    g = trainer.parts.cfg.rollout.group_size
+    with jax.set_mesh(trainer.parts.mesh):  # placed like the trainer's own keys
+        key = jax.random.fold_in(trainer.parts.seed_key, k)
+    records, prompts, out = trainer.parts.collector.sample(key, trainer.policy)
     rows, tokens = sharding.local_rows(out.tokens)
     lengths = sharding.host_array(out.lengths)
-    reward, correct, ended, infos = trainer.collector.score(
+    reward, correct, ended, infos = trainer.parts.collector.score(
         [records[i // g] for i in rows], tokens, lengths[rows])
-    rollout, _ = trainer.collector.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    rollout, _ = trainer.parts.collector.as_rollout(prompts, out, rows, reward, correct, ended,
+                                                    lengths)
     return Batch(prompts, rollout, correct, infos, records)
 
 

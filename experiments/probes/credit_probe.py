@@ -69,26 +69,26 @@ def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows
     from ibpo_jax.methods.prm import labels
     from ibpo_jax.sampler import sampling
 
-    r, g = trainer.cfg.rollout, trainer.cfg.rollout.group_size
+    r, g = trainer.parts.cfg.rollout, trainer.parts.cfg.rollout.group_size
     host = lambda x: np.asarray(jax.device_get(x))[rows]  # noqa: E731
     prompt, prompt_len, response, response_len = (host(getattr(batch.rollout, f)) for f in (
         "prompt", "prompt_len", "response", "response_len"))
     complete = sampling.generate_fn(
-        trainer.base.config, trainer.base.options, max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature, eos_ids=tuple(trainer.tokenizer.eos_ids),
-        pad_id=trainer.tokenizer.pad_id, num_samples=COMPLETIONS, mesh=trainer.mesh)
+        trainer.parts.base.config, trainer.parts.base.options, max_new_tokens=r.max_new_tokens,
+        temperature=r.temperature, eos_ids=tuple(trainer.parts.tokenizer.eos_ids),
+        pad_id=trainer.parts.tokenizer.pad_id, num_samples=COMPLETIONS, mesh=trainer.parts.mesh)
 
     def judge(m, tokens, lengths):
         recs = [batch.records[int(rows[i]) // g] for i in m]
-        return trainer.collector.score(recs, tokens, lengths)[1]
+        return trainer.parts.collector.score(recs, tokens, lengths)[1]
 
-    with jax.set_mesh(trainer.mesh):
+    with jax.set_mesh(trainer.parts.mesh):
         mc = labels.monte_carlo_labels(
             generate=complete, params=trainer.policy, prompt=prompt, prompt_len=prompt_len,
-            response=response, response_len=response_len, is_delim=trainer.tokenizer.is_delim,
+            response=response, response_len=response_len, is_delim=trainer.parts.tokenizer.is_delim,
             judge=judge, num_completions=COMPLETIONS, max_steps=response.shape[1],
             max_prompt_len=r.max_prompt_len + r.max_new_tokens,
-            pad_id=trainer.tokenizer.pad_id, key=key)
+            pad_id=trainer.parts.tokenizer.pad_id, key=key)
     dead = mc.valid & (mc.labels == 0)  # the whole response's own step: judged wrong
     return np.where(dead.any(1), dead.argmax(1), dead.shape[1]).astype(np.int64)
 
@@ -104,11 +104,11 @@ def peer_step_units(trainer: loop.Trainer, rollout: credit.Rollout, u: compariso
                     ) -> np.ndarray:
     """[N, U] the units `peer_steps` compares in training (`step_labels.label`, then
     `credit.compared_units`): the task's canonical step ids, hashed steps where it has none."""
-    canonical = trainer.task.canonical_step
+    canonical = trainer.parts.task.canonical_step
     if canonical is None:
         return np.asarray(u.units)
     response, lengths = (np.asarray(x) for x in (rollout.response, rollout.response_len))
-    texts = batching.decode_responses(trainer.tokenizer, response, lengths)
+    texts = batching.decode_responses(trainer.parts.tokenizer, response, lengths)
     ids, count = step_labels.canonical_ids(texts, canonical, u.units.shape[1])
     units, _ = credit.compared_units(config.IbpoConfig(operator="peer_steps"),
                                      rollout._replace(step_ids=ids, step_ids_len=count), u)
@@ -135,10 +135,10 @@ def _majority(e_row: np.ndarray, peers: np.ndarray) -> int:
 def count_batch(trainer: loop.Trainer, batch: base_probe.Batch, key: jax.Array | None = None
                 ) -> dict[str, list[int]]:
     """[agree, earlier, later, scored] per signal for one rollout batch of the base policy."""
-    g = trainer.cfg.rollout.group_size
+    g = trainer.parts.cfg.rollout.group_size
     rollout, correct, infos = batch.rollout, batch.correct, batch.infos
     u = comparison.response_units(rollout.response, rollout.response_len, rollout.ended,
-                                  trainer.is_delim, granularity="step")
+                                  trainer.parts.is_delim, granularity="step")
     units, n_units = u.units.reshape(-1, g, u.units.shape[1]), u.n_units.reshape(-1, g)
     right = np.asarray(correct).reshape(-1, g)
     truth = np.array([-1 if i.get("first_wrong_step") is None else i["first_wrong_step"]

@@ -47,7 +47,7 @@ def variants() -> list[items_lib.Run]:
 
 
 def _functions(trainer: loop.Trainer, cfg: config.RunConfig):
-    spec = step.StepSpec.from_config(cfg, trainer.base.config, trainer.base.options)
+    spec = step.StepSpec.from_config(cfg, trainer.parts.base.config, trainer.parts.base.options)
     return (jax.jit(functools.partial(step.credit, spec)),
             jax.jit(functools.partial(pg_variance.measure, spec)))
 
@@ -62,17 +62,17 @@ def measure(preset: str, extra: tuple, seed: int, batches: int, n_variants: int 
     values: dict[str, dict[str, list[float]]] = {r.label: {k: [] for k in KEYS} for r in runs}
     with base_probe.base_trainer(load("ibpo_gspo")) as (trainer, base):
         fns = {r.label: _functions(trainer, load(r.algo, r.overrides)) for r in runs}
-        g = trainer.cfg.rollout.group_size
+        g = trainer.parts.cfg.rollout.group_size
         for k in range(batches):
             batch = base_probe.sample_batch(trainer, k)
             prompt_len = np.repeat(batch.prompts.lengths, g)
-            plan = trainer.packer.plan(prompt_len, prompt_len, batch.prompts.tokens.shape[1], 0,
-                                       whole_groups=True)
+            plan = trainer.parts.packer.plan(prompt_len, prompt_len,
+                                             batch.prompts.tokens.shape[1], 0, whole_groups=True)
             for label, (credit_fn, measure_fn) in fns.items():
-                with jax.set_mesh(trainer.mesh):
-                    cred, metrics = credit_fn(batch.rollout, trainer.is_delim)
-                    diag = measure_fn(trainer.state, trainer.base.params, batch.rollout, cred,
-                                      plan, trainer.is_delim)
+                with jax.set_mesh(trainer.parts.mesh):
+                    cred, metrics = credit_fn(batch.rollout, trainer.parts.is_delim)
+                    diag = measure_fn(trainer.state, trainer.parts.base.params, batch.rollout, cred,
+                                      plan, trainer.parts.is_delim)
                 got = {k: float(v) for k, v in jax.device_get({**metrics, **diag}).items()}
                 for name in KEYS:
                     values[label][name].append(got[name])

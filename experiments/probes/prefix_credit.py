@@ -125,8 +125,8 @@ class Credits(NamedTuple):
 def credits(trainer: loop.Trainer, load: Callable[..., config.RunConfig]) -> Credits:
     fns, specs = {}, {}
     for name, (algo, more) in CREDITS.items():
-        spec = step.StepSpec.from_config(load(algo, more), trainer.base.config,
-                                         trainer.base.options)
+        spec = step.StepSpec.from_config(load(algo, more), trainer.parts.base.config,
+                                         trainer.parts.base.options)
         fns[name], specs[name] = jax.jit(functools.partial(step.credit, spec)), spec.loss
     return Credits(fns, specs)
 
@@ -137,8 +137,8 @@ def _adv_weights(trainer: loop.Trainer, cr: Credits, rollout) -> tuple[np.ndarra
     mask = np.arange(r)[None, :] < sharding.host_array(rollout.response_len)[:, None]
     zeros, advs, ws = np.zeros((n, r), np.float32), [], []
     for name, fn in cr.fns.items():
-        with jax.set_mesh(trainer.mesh):
-            adv = sharding.host_array(fn(rollout, trainer.is_delim)[0].adv)
+        with jax.set_mesh(trainer.parts.mesh):
+            adv = sharding.host_array(fn(rollout, trainer.parts.is_delim)[0].adv)
         ws.append(np.asarray(losses.token_weights(cr.losses[name], logp=zeros, old_logp=zeros,
                                                   adv=adv, mask=mask)))
         advs.append(np.broadcast_to(adv[:, None] if adv.ndim == 1 else adv, (n, r)))
@@ -170,8 +170,8 @@ class Part:
 
     def add(self, trainer: loop.Trainer, cr: Credits, batch: tuple) -> None:
         rollout, records, tokens, lengths, correct, infos = batch
-        g, (n, r) = trainer.cfg.rollout.group_size, tokens.shape
-        t = truth(trainer.tokenizer, records, tokens, lengths, correct, infos, self.rule)
+        g, (n, r) = trainer.parts.cfg.rollout.group_size, tokens.shape
+        t = truth(trainer.parts.tokenizer, records, tokens, lengths, correct, infos, self.rule)
         adv, w = _adv_weights(trainer, cr, rollout)
         mask = np.arange(r)[None, :] < lengths[:, None]
         tab = jax.device_get(_tables(tokens, mask, correct, t.right, adv, w, g=g))
@@ -200,7 +200,7 @@ class Part:
                          ("wrong_with_unshared", unshared.any(1).sum()),
                          ("distinct_correct", distinct_correct(
                              tokens, lengths, ok, mixed,
-                             functools.partial(self.rule.solution, trainer.tokenizer))),
+                             functools.partial(self.rule.solution, trainer.parts.tokenizer))),
                          ("distinct_correct_text", distinct_correct(tokens, lengths, ok, mixed)),
                          ("checker_mismatch", t.mismatch), ("off_reference", t.off_reference),
                          ("no_right_groups", (~ok.any(1)).sum()),
@@ -273,29 +273,30 @@ def summarize(cls: np.ndarray, members: np.ndarray, right: np.ndarray, whole: np
 def scored(trainer: loop.Trainer, records: list[dict], prompts, out) -> tuple:
     """One sampled batch as (rollout, per row: record, tokens [N, R], lengths, correct,
     infos), scored as an RL step scores it (one process: every row is here)."""
-    g = trainer.cfg.rollout.group_size
+    g = trainer.parts.cfg.rollout.group_size
     rows, tokens = sharding.local_rows(out.tokens)
     lengths = sharding.host_array(out.lengths)
     if len(rows) != len(lengths):
         raise RuntimeError("prefix_credit runs on one process (each needs every row)")
     recs = [records[i // g] for i in rows]
-    reward, correct, ended, infos = trainer.collector.score(recs, tokens, lengths[rows])
-    rollout, _ = trainer.collector.as_rollout(prompts, out, rows, reward, correct, ended, lengths)
+    reward, correct, ended, infos = trainer.parts.collector.score(recs, tokens, lengths[rows])
+    rollout, _ = trainer.parts.collector.as_rollout(prompts, out, rows, reward, correct, ended,
+                                                    lengths)
     return rollout, recs, np.asarray(tokens), np.asarray(lengths[rows]), correct, infos
 
 
 def held_out(trainer: loop.Trainer, k: int) -> tuple:
     """Held-out batch k: the next prompts_per_step evaluation prompts (wrapping around), G
     samples each from the trainer's current policy, as the rollout's sampler draws them."""
-    cfg, b = trainer.cfg, trainer.cfg.rollout.prompts_per_step
-    pool = trainer.eval_records
+    cfg, b = trainer.parts.cfg, trainer.parts.cfg.rollout.prompts_per_step
+    pool = trainer.parts.eval_records
     records = [pool[(k * b + i) % len(pool)] for i in range(b)]
     prompts = batching.encode_prompts(
-        trainer.tokenizer, [trainer.eval_task.prompt_text(r) for r in records],
+        trainer.parts.tokenizer, [trainer.parts.eval_task.prompt_text(r) for r in records],
         cfg.rollout.max_prompt_len)
-    with jax.set_mesh(trainer.mesh):
-        key = jax.random.fold_in(trainer.seed_key, HELD_OUT + k)
-        out = trainer.generate(trainer.state.params, prompts.tokens, prompts.lengths, key)
+    with jax.set_mesh(trainer.parts.mesh):
+        key = jax.random.fold_in(trainer.parts.seed_key, HELD_OUT + k)
+        out = trainer.parts.generate(trainer.state.params, prompts.tokens, prompts.lengths, key)
     return records, prompts, out
 
 
@@ -313,12 +314,13 @@ def measure_base(preset: str, extra: tuple, seed: int, batches: int) -> dict:
     """One seed's record: the base policy's part (the rollout batches of `credit_probe`)."""
     load = _loader(preset, extra, seed)
     with base_probe.base_trainer(load("gspo")) as (trainer, base):
-        reward = trainer.task.reward  # names the task's rule (prefix_rules.RULES)
+        reward = trainer.parts.task.reward  # names the task's rule (prefix_rules.RULES)
         part, cr = Part(rule_for(reward)), credits(trainer, load)
         for k in range(batches):
-            with jax.set_mesh(trainer.mesh):  # placed like the trainer's own keys
-                key = jax.random.fold_in(trainer.seed_key, k)
-            part.add(trainer, cr, scored(trainer, *trainer.collector.sample(key, trainer.policy)))
+            with jax.set_mesh(trainer.parts.mesh):  # placed like the trainer's own keys
+                key = jax.random.fold_in(trainer.parts.seed_key, k)
+            got = trainer.parts.collector.sample(key, trainer.policy)
+            part.add(trainer, cr, scored(trainer, *got))
     return {"preset": preset, "overrides": [*extra, ("seed", str(seed))], "seed": seed,
             "base": base, "batches": batches, "rule": reward, "base_policy": part.summary(),
             **_provenance()}
@@ -361,7 +363,7 @@ def measure_trained(preset: str, extra: tuple, seed: int, batches: int, runs_dir
         for label, algo in RUNS.items():
             workdir = runs_dir / f"{algo}_s{run_seed}"
             _restore(trainer, workdir, steps, algo, run_seed)
-            part = Part(rule_for(trainer.task.reward))
+            part = Part(rule_for(trainer.parts.task.reward))
             for k in range(batches):
                 part.add(trainer, cr, scored(trainer, *held_out(trainer, k)))
             base = workdir / "base.json"

@@ -16,7 +16,7 @@ RL step through `Methods`, by the small protocols it implements:
     evaluation     `Answerer.answer`         the method's answer when it is not the first
                                              response (SCoRe's second attempt)
 
-Credit, advantages and the update stay the core's (`trainer/loop.py`): a method changes what
+Credit, advantages and the update stay the core's (`trainer/rl_step.py`): a method changes what
 they see (rewards, rows), never how they compute.
 """
 

@@ -15,8 +15,8 @@ thread; the update takes the sampler's log-probs as π_old of its ratio (trainer
 `policy_lag` is 1 (0 at the first step, sampled synchronously). The update donates the state,
 so the sampler reads a copy of its own: the compute-dtype copy (on the rollout mesh, the
 resharded one). A collected batch carries its cost in trajectories, charged to the budget
-when its step consumes it (`Trainer.learn`), so every logged value is what it would be were
-the phases run one after the other. Only one collect runs at a time
+when its step consumes it, so every logged value is what it would be were
+the phases run one after the other (`rl_step.learn`). Only one collect runs at a time
 (the data position advances in step order); the reward pool is shared with the main thread's
 extra rounds and evaluation and serialized by a lock (`Serialized`).
 
@@ -27,9 +27,9 @@ MB at the paper's scale), which the JSON record names (the step's only arrays: a
 names some has a pending batch). The resumed run replays them in the same calls, so its next
 step is the uninterrupted run's.
 
-`Rollouts` is given what it uses, never the trainer: the rollout config, the two meshes, the
-compute dtype, the rollout's sampler, the data sampler (its position) and three callables of
-the trainer (`collect`, the current `policy`, a step's `keys`).
+The two schedules are strategies of collecting (`Schedule`: `OnPolicy`, `OffPolicy`), given
+the collector and the step's parameters at each call; `Placement` is the sampler's side,
+shared by both. Neither sees the trainer.
 """
 
 from __future__ import annotations
@@ -57,11 +57,6 @@ from ibpo_jax.trainer import checkpoint
 # A record's entry of a pending batch before its arrays became the checkpoint's own item
 # (`checkpoint.ARRAYS`, which now alone says a batch is pending): the .npz in base64.
 LEGACY_PENDING_KEY = "pending_rollout"
-
-# (step key, params the sampler reads or None: the policy's) -> the step's scored batch
-# (`collect.Collected`, its cost in trajectories in `sampled`).
-Collect = Callable[[jax.Array, Any], Any]
-
 
 class Sampler(Protocol):
     """The rollout's sampler (`sampling.generate_fn`): G samples of each prompt, and the
@@ -139,38 +134,29 @@ def unpack_outputs(data: dict[str, np.ndarray]) -> list[sampling.SampleOutput]:
             for i in range(calls)]
 
 
-class Rollouts:
-    """The trainer's sampler placement and step schedule (module docstring): `generate` runs
-    the sampler for `collect.Collector.sample`, `step` runs `collect` and `learn` in the
-    configured order, `saved` / `restored` carry a pending batch over a checkpoint.
+class Placement:
+    """Where the rollout's sampler runs (module docstring): `generate` samples a step's prompts
+    for `collect.Collector.sample`, on the rollout mesh, in rollout.sample_chunk calls, and
+    places the samples on the training mesh; a pending batch's calls are recorded, a resumed
+    run's replayed (`OffPolicy`).
 
-    `cfg` is the run's rollout section, `steps` its RL steps (train.steps), `meshes` (training
-    mesh, rollout mesh: one object unless split, `meshes()`), `dtype` the compute dtype the
-    sampler reads the weights in, `sampler` the rollout's, `data` the training split's index
-    sampler; `collect` samples and scores a step's batch, `policy()` is the current policy's
-    full params, `keys(s)` step s's (sampling, update) keys."""
+    `cfg` is the run's rollout section, `meshes` (training mesh, rollout mesh: one object
+    unless split, `meshes()`), `dtype` the compute dtype the sampler reads the weights in,
+    `sampler` the rollout's."""
 
-    def __init__(self, cfg: RolloutConfig, *, steps: int, meshes: tuple[Mesh, Mesh], dtype: Any,
-                 sampler: Sampler, data: IndexSampler, collect: Collect,
-                 policy: Callable[[], Any], keys: Callable[[int], jax.Array]):
-        self.cfg, self.steps, self.dtype = cfg, steps, dtype
+    def __init__(self, cfg: RolloutConfig, *, meshes: tuple[Mesh, Mesh], dtype: Any,
+                 sampler: Sampler):
+        self.cfg, self.dtype, self.sampler = cfg, dtype, sampler
         self.mesh, self.rollout_mesh = meshes
-        self.sampler, self.data = sampler, data
-        self._collect_fn, self._policy, self._keys = collect, policy, keys
         self.split = self.rollout_mesh is not self.mesh
         self.off_policy = cfg.off_policy_steps > 0
-        self.reshard_s = 0.0  # this step's resharding time
+        self.reshard_s = 0.0  # this step's resharding time (reset by the schedule's `take`)
         self._shardings = None  # the sampling layout's, on the rollout mesh (first reshard)
         self._cast: tuple[Any, Any] | None = None  # (params, their copy): one reshard a collect
-        self._pool = (concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
-                      if self.off_policy else None)
-        self._pending: concurrent.futures.Future | None = None  # (Collected, budget)
-        self._own: Any = None  # the pending batch's sampler weights, a copy of its own
-        self._start = 0  # the data position before the pending batch
-        self._record: list[sampling.SampleOutput] | None = None  # the pending batch's calls
-        self._replay: list[sampling.SampleOutput] = []  # a resumed run's pending calls
+        self.own: Any = None  # a pending batch's sampler weights, a copy of its own
+        self.record: list[sampling.SampleOutput] | None = None  # a pending batch's calls
+        self.replay: list[sampling.SampleOutput] = []  # a resumed run's pending calls
 
-    # ------------------------------------------------------------------ sampling
     def reshard(self, params: Any) -> Any:
         """The compute-dtype copy of `params` in the sampling layout on the rollout mesh,
         always a copy (the update donates `params`); timed into `reshard_s`. Made once per
@@ -188,10 +174,10 @@ class Rollouts:
         self._cast = (params, w)
         return w
 
-    def _collect(self, key: jax.Array) -> Any:
-        """`collect` with the current policy; its resharded copy dropped after."""
+    def collect(self, collector: Any, key: jax.Array, params: Any) -> Any:
+        """`collector.collect` under `params`; its resharded copy dropped after."""
         try:
-            return self._collect_fn(key, None)
+            return collector.collect(key, params)
         finally:
             self._cast = None
 
@@ -210,13 +196,13 @@ class Rollouts:
         """The sampler's samples of `prompts` (batching.PromptBatch) under `params` on the
         rollout mesh, in rollout.sample_chunk calls, placed on the training mesh. A resumed
         run's pending calls are replayed instead; a pending batch's are recorded."""
-        if self._replay:
+        if self.replay:
             out = _each(lambda x: sharding.global_array(
-                x, sharding.batch_sharding(self.mesh, x.ndim)), self._replay.pop(0))
+                x, sharding.batch_sharding(self.mesh, x.ndim)), self.replay.pop(0))
         else:
             out = self._sample(params, prompts, key)
-        if self._record is not None:
-            self._record.append(out)
+        if self.record is not None:
+            self.record.append(out)
         return out
 
     def _sample(self, params: Any, prompts: Any, key: jax.Array) -> sampling.SampleOutput:
@@ -228,7 +214,7 @@ class Rollouts:
         with jax.set_mesh(mesh):
             # One compute-dtype copy of the weights for every chunk of this rollout (a
             # pending batch's: the copy of its own).
-            if params is self._own:
+            if params is self.own:
                 cast = params
             else:
                 cast = (self.reshard(params) if self.split
@@ -246,40 +232,84 @@ class Rollouts:
                         out)
         return out
 
-    # ------------------------------------------------------------------ the schedule
-    def step(self, s: int, gen_key: jax.Array, learn: Callable[[Any], tuple[dict, dict]]
-             ) -> tuple[dict[str, float], dict[str, dict]]:
-        """RL step `s`: its batch (`collect`, or the one sampled in the background during the
-        previous update), then `learn` on it; off-policy, the next step's batch is started
-        first. Adds the schedule's metrics."""
-        t0 = time.perf_counter()
-        self.reshard_s = 0.0
-        if not self.off_policy:
-            metrics, logged = learn(self._collect(gen_key))
-            if self.split:
-                metrics["time_reshard_s"] = self.reshard_s
-            return metrics, logged
-        lag = 1 if self._pending is not None or self._replay else 0
+
+class Schedule(Protocol):
+    """When the collector runs, relative to the update: a strategy of collecting.
+    `take` returns step `s`'s batch (collected with `params`, the policy the step starts
+    from, under `key`; `next_key` is step s + 1's, None at the last step) and the schedule's
+    metrics; `overlaps` says whether sampling runs beside the update (the step then logs its
+    own wall time, `time_step_s`). `saved` / `restored` carry a pending batch over a
+    checkpoint; `close` waits for one."""
+
+    placement: Placement
+    overlaps: bool
+
+    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+             params: Any) -> tuple[Any, dict[str, float]]: ...
+
+    def saved(self, meta: dict[str, Any]
+              ) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]: ...
+
+    def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
+                 ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class OnPolicy:
+    """Each step collects its own batch, with the parameters it starts from."""
+
+    overlaps = False
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+
+    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+             params: Any) -> tuple[Any, dict[str, float]]:
+        self.placement.reshard_s = 0.0
+        return self.placement.collect(collector, key, params), {}
+
+    def saved(self, meta: dict[str, Any]) -> tuple[dict[str, Any], None]:
+        return meta, None
+
+    def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
+                 ) -> None:
+        """Nothing is ever pending on-policy: arrays a record names mean nothing here."""
+
+    def close(self) -> None:
+        pass
+
+
+class OffPolicy:
+    """One step off-policy (module docstring): step s + 1's batch is collected in a background
+    thread while step s learns, with a copy of the parameters step s started from. `data` is
+    the training split's index sampler (its position before a pending batch is checkpointed)."""
+
+    overlaps = True
+
+    def __init__(self, placement: Placement, data: IndexSampler):
+        self.placement, self.data = placement, data
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollout")
+        self._pending: concurrent.futures.Future | None = None  # Collected
+        self._start = 0  # the data position before the pending batch
+
+    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+             params: Any) -> tuple[Any, dict[str, float]]:
+        """The batch sampled during the previous update (the first step, or a resumed run
+        without a pending one: collected now), after starting the next step's."""
+        t0, place = time.perf_counter(), self.placement
+        place.reshard_s = 0.0
+        lag = 1 if self._pending is not None or place.replay else 0
         if self._pending is None:
-            got = self._collect(gen_key)
+            got = place.collect(collector, key, params)
         else:
             got, self._pending = self._pending.result(), None
         wait = time.perf_counter() - t0
-        if s < self.steps:
-            self._launch(self._keys(s + 1)[0])
-        metrics, logged = learn(got)
-        metrics.update(policy_lag=float(lag), time_wait_s=wait,
-                       time_step_s=time.perf_counter() - t0)
-        if self.split:
-            metrics["time_reshard_s"] = self.reshard_s
-        return metrics, logged
-
-    def _launch(self, key: jax.Array) -> None:
-        """Starts the next step's collect in the background, with a copy of the parameters
-        this step starts from (its cost is charged when its step consumes it)."""
-        self._own = own = self.weights_copy(self._policy())
-        self._start, self._record = self.data.position, []
-        self._pending = self._pool.submit(self._collect_fn, key, own)
+        if next_key is not None:  # its cost is charged when its step consumes it
+            place.own = own = place.weights_copy(params)
+            self._start, place.record = self.data.position, []
+            self._pending = self._pool.submit(collector.collect, next_key, own)
+        return got, {"policy_lag": float(lag), "time_wait_s": wait}
 
     def saved(self, meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray] | None]:
         """(the checkpoint record `meta`, the arrays to save beside it): with a pending batch
@@ -288,7 +318,7 @@ class Rollouts:
         if self._pending is None:
             return meta, None
         self._pending.result()
-        calls = [_each(sharding.host_array, out) for out in self._record]
+        calls = [_each(sharding.host_array, out) for out in self.placement.record]
         return {**meta, "data_position": self._start}, pack_outputs(calls)
 
     def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
@@ -296,14 +326,16 @@ class Rollouts:
         """After a restore: the pending batch of `meta`, if any, is replayed by the next
         collect (the data sampler is back at its position); `arrays()` reads the
         checkpoint's arrays (`Checkpointer.arrays`)."""
-        if not self.off_policy:
-            return
         if meta.get(checkpoint.ARRAYS):
-            self._replay = unpack_outputs(arrays())
+            self.placement.replay = unpack_outputs(arrays())
         elif meta.get(LEGACY_PENDING_KEY):  # a checkpoint from before the arrays' own file
-            self._replay = unpack_outputs(legacy_arrays(meta[LEGACY_PENDING_KEY]))
+            self.placement.replay = unpack_outputs(legacy_arrays(meta[LEGACY_PENDING_KEY]))
 
     def close(self) -> None:
         """Waits for a batch still being sampled (its errors are the step's, not raised)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def schedule(cfg: RolloutConfig, placement: Placement, data: IndexSampler) -> Schedule:
+    """The collecting schedule `cfg` (rollout.off_policy_steps) asks for."""
+    return OffPolicy(placement, data) if cfg.off_policy_steps else OnPolicy(placement)

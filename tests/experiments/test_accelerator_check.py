@@ -67,6 +67,8 @@ def test_every_figure_is_there_and_finite(run):
     for f in ("mean_abs", "max_abs", "ratio_mean", "ratio_std", "ratio_min", "ratio_max"):
         assert _finite(mm[f]), f
     assert mm["tokens"] == sum(d["steps"][-1]["rlen"]) > 0
+    # The seeded draw (DrawnCollector) makes half of each group right: every group mixed.
+    assert all(0 < s["accuracy"] < 1 and s["frac_groups_all_same"] == 0 for s in d["steps"])
     assert mm["max_abs"] >= mm["mean_abs"] >= 0 and mm["ratio_min"] <= 1 <= mm["ratio_max"] \
         or mm["max_abs"] == 0
     assert _finite(d["matmul"]["flops_per_s"]) and d["matmul"]["flops_per_s"] > 0
@@ -129,7 +131,8 @@ def test_peak_memory_and_step_beside_the_plan(run):
     check = _load_script()
     d, _ = run
     cfg = check.run_config(True, 2, [])
-    trainer = SimpleNamespace(base=SimpleNamespace(config=policy.architecture(cfg, 256)),
+    model = SimpleNamespace(base=SimpleNamespace(config=policy.architecture(cfg, 256)))
+    trainer = SimpleNamespace(parts=model,
                               memory={"sample": 5 * 2**30, "update": 9 * 2**30},
                               cache_sizes=lambda: {}, device=SimpleNamespace(platform="gpu"))
     out = {**copy.deepcopy(d), "errors": [], "plan": {
@@ -230,7 +233,7 @@ def test_out_of_memory_fails_without_shrinking(tmp_path, monkeypatch, capsys):
     tried = []
 
     def oom(self, s):
-        tried.append(self.cfg.rollout.max_new_tokens)
+        tried.append(self.parts.cfg.rollout.max_new_tokens)
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 217GiB")
 
     monkeypatch.setattr(lib.BenchTrainer, "rl_step", oom)

@@ -605,7 +605,7 @@ def test_every_run_of_the_grid_starts_from_a_committed_base(task, tmp_path, monk
     """A run whose base is not committed warm-starts one on its host, which another host
     cannot reproduce bit for bit (records from two bases are never compared)."""
     from ibpo_jax import train
-    from ibpo_jax.trainer import loop, policy
+    from ibpo_jax.trainer import policy, run_tasks
 
     monkeypatch.setenv("IBPO_DATA_DIR", str(tmp_path))  # not the user's cache
     preset, extra = reproduce.TASKS[task]
@@ -615,7 +615,7 @@ def test_every_run_of_the_grid_starts_from_a_committed_base(task, tmp_path, monk
         cmd = reproduce.command(run, task=task, preset=preset, seed=0, workdir=tmp_path,
                                 extra=extra)
         _, cfg = train.parse(cmd[3:])
-        path = policy.warm_start_dir(cfg, loop.build_tokenizer(cfg).vocab_size)
+        path = policy.warm_start_dir(cfg, run_tasks.build_tokenizer(cfg).vocab_size)
         if not (path.parent == policy.COMMITTED and (path / "model.safetensors").exists()):
             missing.add(f"{run.label}: {path.name}")
     assert not missing, sorted(missing)

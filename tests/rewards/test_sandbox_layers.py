@@ -24,7 +24,7 @@ import pytest
 from ibpo_jax import config
 from ibpo_jax.rewards import code, run_tests
 from ibpo_jax.rewards.code import REQUIRED, SandboxUnavailable
-from ibpo_jax.trainer import loop
+from ibpo_jax.trainer import parts
 
 OK = [{"input": "", "output": "ok"}]
 # Disables the audit hook (its deny-lists and its code), and finds ctypes without importing it.
@@ -395,18 +395,18 @@ def test_the_trainer_builds_the_code_reward_with_config_reward_sandbox(capsys):
     base = config.load("configs/grpo.py")
     cfg = dataclasses.replace(base, reward=dataclasses.replace(base.reward, num_workers=0,
                                                                sandbox="best_effort"))
-    pool = loop.reward_pool(cfg, "code")
+    pool = parts.reward_pool(cfg, "code")
     assert dict(pool.reward.options) == {"sandbox": "best_effort"}
     assert "code sandbox (config.reward.sandbox='best_effort'" in capsys.readouterr().err
     rewards, _ = pool.score([{"tests": [{"input": "2", "output": "4"}]}],
                             ["```python\nprint(int(input()) * 2)\n```"])
     assert rewards.tolist() == [1.0]
-    assert loop.reward_pool(cfg, "math").reward.options == ()  # no sandbox option there
+    assert parts.reward_pool(cfg, "math").reward.options == ()  # no sandbox option there
     strict = dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, sandbox="strict"))
     if code.sandbox_report()["strict_ok"]:
-        assert dict(loop.reward_pool(strict, "code").reward.options) == {"sandbox": "strict"}
+        assert dict(parts.reward_pool(strict, "code").reward.options) == {"sandbox": "strict"}
     else:
         with pytest.raises(SandboxUnavailable, match="config.reward.sandbox"):
-            loop.reward_pool(strict, "code")
+            parts.reward_pool(strict, "code")
     with pytest.raises(config.ConfigError, match="config.reward.sandbox"):
         config.load("configs/grpo.py", [("reward.sandbox", "lenient")])

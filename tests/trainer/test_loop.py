@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from ibpo_jax import config
-from ibpo_jax.trainer import loop
+from ibpo_jax.trainer import loop, parts
 from ibpo_jax.trainer.logs import read_metrics
 from tests.trainer.multiprocess import start_two_processes, train_in_two_processes
 
@@ -344,8 +344,8 @@ def test_stalled_updates_stop_the_run_before_the_export(data_dir, tmp_path, monk
 
     from ibpo_jax.trainer import workdir
 
-    make = loop.make_optimizer
-    monkeypatch.setattr(loop, "make_optimizer", lambda optim, **kw: optax.chain(
+    make = parts.make_optimizer
+    monkeypatch.setattr(parts, "make_optimizer", lambda optim, **kw: optax.chain(
         make(optim, **kw), optax.scale(float("nan"))))
     cfg = config.load("configs/ibpo_gspo.py:smoke", _overrides(data_dir, **{"train.steps": 8}))
     with pytest.raises(workdir.UpdatesStalled, match="updates of each step were skipped"):

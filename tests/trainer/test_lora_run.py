@@ -3,6 +3,7 @@ which is π_ref, is bitwise unchanged and has no second copy; the optimizer stat
 adapters'), and a `smoke` run matches on the (2, 2, 2) mesh and resumes bitwise, with adapter
 dropout too (gradient passes only)."""
 
+import dataclasses
 import functools
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from ibpo_jax import config, models
 from ibpo_jax.models import lora
-from ibpo_jax.trainer import loop, packing, step
+from ibpo_jax.trainer import loop, packing, rl_step, step
 from ibpo_jax.trainer.state import init_state, make_optimizer
 from tests.models.test_lora import _random_b
 from tests.trainer.knob_harness import EXACT, ONE, run_match_mesh_resume, smoke_cfg
@@ -41,7 +42,7 @@ def test_update_changes_only_the_adapters(smoke_data_dir, tmp_path):
     cfg = smoke_cfg(smoke_data_dir, {**LORA, **ONE})
     trainer = loop.Trainer(cfg, tmp_path)
     try:
-        base, before = _host(trainer.base.params), _host(trainer.state.params)
+        base, before = _host(trainer.parts.base.params), _host(trainer.state.params)
         assert len(jax.tree.leaves(before)) == 2 * 5 * cfg.model.tiny.num_hidden_layers
         d, f = cfg.model.tiny.hidden_size, cfg.model.tiny.intermediate_size
         assert before["layers_0"]["mlp"]["down_proj_lora_a"].shape == (f, 4)
@@ -49,9 +50,13 @@ def test_update_changes_only_the_adapters(smoke_data_dir, tmp_path):
         moments = [x for x in jax.tree.leaves(trainer.state.opt_state) if np.ndim(x)]
         assert sum(np.size(x) for x in moments) == 2 * sum(x.size for x in
                                                            jax.tree.leaves(before))
-        trainer.rl_step(1)
-        after = _host(trainer.state.params)
-        jax.tree.map(np.testing.assert_array_equal, _host(trainer.base.params), base)
+        # The step is a function over the run's frozen parts and its state (rl_step.py).
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            trainer.parts.spec = None
+        out = rl_step.rl_step(trainer.parts, trainer.state, 0.0, 1)
+        assert out.budget == out.metrics["budget_trajectories"] == cfg.rows_per_step
+        after = _host(out.state.params)
+        jax.tree.map(np.testing.assert_array_equal, _host(trainer.parts.base.params), base)
         for path, x in jax.tree_util.tree_leaves_with_path(after):
             old = before
             for k in path:

@@ -90,8 +90,8 @@ def test_a_resume_reads_the_arrays_once(tmp_path, monkeypatch):
     assert len(reads) == 2
 
 
-def _rollouts(off_policy_steps: int) -> offpolicy.Rollouts:
-    """Rollouts on one device given only what it uses; nothing here samples or collects."""
+def _rollouts(off_policy_steps: int) -> offpolicy.Schedule:
+    """The schedule on one device given only what it uses; nothing here samples or collects."""
     cfg = config.load("configs/ibpo_gspo.py:smoke",
                       [("rollout.off_policy_steps", str(off_policy_steps))])
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
@@ -99,9 +99,9 @@ def _rollouts(off_policy_steps: int) -> offpolicy.Rollouts:
     def never(*_, **__):
         raise AssertionError("a replay neither samples nor collects")
 
-    return offpolicy.Rollouts(cfg.rollout, steps=4, meshes=(mesh, mesh), dtype=jnp.float32,
-                              sampler=never, data=IndexSampler(8, seed=0), collect=never,
-                              policy=never, keys=never)
+    placement = offpolicy.Placement(cfg.rollout, meshes=(mesh, mesh), dtype=jnp.float32,
+                                    sampler=never)
+    return offpolicy.schedule(cfg.rollout, placement, IndexSampler(8, seed=0))
 
 
 def test_a_resumed_run_replays_the_pending_batch_of_each_record_format():
@@ -122,14 +122,15 @@ def test_a_resumed_run_replays_the_pending_batch_of_each_record_format():
         r = _rollouts(1)
         assert r.saved({"step": 2}) == ({"step": 2}, None)  # nothing pending: the record alone
         r.restored({"step": 2, **record}, arrays)
-        _assert_same_calls([_host(r.generate(None, None, None)) for _ in calls], calls)
+        _assert_same_calls([_host(r.placement.generate(None, None, None)) for _ in calls],
+                           calls)
     r = _rollouts(1)  # no arrays named: nothing pending, nothing replayed
     r.restored({"step": 2}, lambda: pytest.fail("no arrays named"))
-    assert r._replay == []
+    assert r.placement.replay == []
     r = _rollouts(0)  # on-policy: named arrays mean nothing, no file is read
     r.restored(named, lambda: pytest.fail("read on-policy"))
     with pytest.raises(AssertionError, match="neither samples"):
-        r.generate(None, _Prompts(), None)
+        r.placement.generate(None, _Prompts(), None)
 
 
 class _Prompts:

@@ -38,8 +38,6 @@ def test_procedural_tasks_are_registered_tasks_with_a_config_section():
     # A task without a section in the assembled config (registered later) takes its defaults.
     assert tasks.procedural_options(PROCEDURAL.get("arith"), object()) == \
         PROCEDURAL.get("arith").options(PROCEDURAL.get("arith").section())
-    # loop keeps the names other modules import from it
-    assert loop.build_task is run_tasks.build_task and loop.default_split is run_tasks.default_split
 
 
 def test_tokenizer_and_file_task_errors(tmp_path):
