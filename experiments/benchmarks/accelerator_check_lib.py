@@ -4,7 +4,7 @@ preset's architecture, with stand-ins for what needs files (tokenizer, prompts).
 
 The stand-ins, and only these: prompts are random token ids filling every prompt column; the
 tokenizer maps ids to private-use characters one to one (ids = 0 mod 24 are the step delimiter
-and decode to a newline, ~24 tokens per step, as `Trainer.is_delim` would mark lines); rows have
+and decode to a newline, ~24 tokens per step, as `RunParts.is_delim` would mark lines); rows have
 no EOS id (a random model would rarely sample one, and every row then runs all the new tokens:
 the step at its full shapes); and correctness, after the preset's own verifier has scored the
 decoded text (random text is never right), is a seeded draw, half of each group right, so φ and

@@ -51,7 +51,7 @@ def test_bf16_run_keeps_a_bf16_reference_and_resumes_an_fp32_era_checkpoint(smok
     first = loop.Trainer(cfg, tmp_path)
     try:
         assert _matrices_and_vectors(first.state.params)[0] == {jnp.dtype(jnp.float32)}
-        assert _matrices_and_vectors(first.base.params) == ({jnp.dtype(jnp.bfloat16)},
+        assert _matrices_and_vectors(first.parts.base.params) == ({jnp.dtype(jnp.bfloat16)},
                                                             {jnp.dtype(jnp.float32)})
         state = first.state._replace(params=jax.tree.map(lambda x: x + 1e-3, first.state.params))
         ckpt = Checkpointer(tmp_path / "checkpoints")
@@ -67,7 +67,7 @@ def test_bf16_run_keeps_a_bf16_reference_and_resumes_an_fp32_era_checkpoint(smok
         ckpt.close()
         for a, b in zip(jax.tree.leaves(second.state.params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree.leaves(second.base.params), jax.tree.leaves(first.base.params)):
+        for a, b in zip(jax.tree.leaves(second.parts.base.params), jax.tree.leaves(first.parts.base.params)):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)),
                                           np.asarray(b.astype(jnp.float32)))
