@@ -1,10 +1,11 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`config.schema.Section`): the core's in `config/sections.py`, `config/tasks.py` and
-`config/logging_section.py`, each method's beside its code (`ibpo_jax/methods/`), so a new knob is
-one field in its section plus its use. Checks that span sections are `RunConfig.check` and, for
-the methods a config turns on (`registry.METHODS`), each method's own `check`.
+checks (`config.schema.Section`): the core's in `config/sections.py`, `config/tasks.py`,
+`config/logging_section.py` and `config/rollout_section.py`, each method's beside its code
+(`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that span
+sections are `RunConfig.check` and, for the methods a config turns on (`registry.METHODS`), each
+method's own `check`.
 `configs/base.py` builds its ConfigDict from `defaults()`; ``load(spec, overrides)`` reads
 ``configs/<file>.py[:preset]`` (its ``get_config(arg)``), applies ``--config.a.b=value``
 overrides and returns a frozen :class:`RunConfig`. An unknown key, a value of the wrong type,
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ibpo_jax.config.logging_section import LoggingConfig
 from ibpo_jax.config.registry import ESTIMATORS, METHODS, SECTIONS
+from ibpo_jax.config.rollout_section import RolloutConfig
 from ibpo_jax.config.schema import with_sections
 from ibpo_jax.config.sections import (
     MIN_TEMPERATURE,
@@ -41,7 +43,6 @@ from ibpo_jax.config.sections import (
     ModelConfig,
     OptimConfig,
     RewardConfig,
-    RolloutConfig,
     Section,
     TinyModelConfig,
     TokenizerConfig,

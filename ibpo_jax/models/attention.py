@@ -206,7 +206,8 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
     q: [B*R, K, G, H]; keys are stored transposed, prompt_k [B, K, H, P] and gen_k
     [B*R, K, H, N] (this step's key already written); prompt_v [B, K, P, H], gen_v
     [B*R, K, N, H]; prompt_mask: [B, P] bool; gen_mask: [N] bool (the written slots; at least
-    one). Returns [B*R, K, G, H].
+    one), or [B*R, N] where rows differ (slot refill's ring of slots, `sampler/refill.py`).
+    Returns [B*R, K, G, H].
 
     A generated cache of at most `block` slots is read in one pass with the prompt's. A longer
     one is read in blocks of `block` slots up to its last written slot only (a loop whose
@@ -228,6 +229,8 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
     q = (q * h ** -0.5).reshape(b, r, kk, g, h, 1).astype(jnp.float32)  # [B, R, K, G, H, 1]
     gen_k = gen_k.reshape(b, r, kk, 1, h, n)
     gen_v = gen_v.reshape(b, r, kk, 1, n, h)
+    if gen_mask.ndim == 2:  # per row: broadcast like the scores [B, R, K, G, N]
+        gen_mask = gen_mask.reshape(b, r, 1, 1, n)
     s_prompt = jnp.sum(q * prompt_k[:, None, :, None], axis=-2)  # [B, R, K, G, P]
     s_prompt = jnp.where(prompt_mask[:, None, None, None, :], s_prompt, NEG_INF)
     if block is None:
@@ -251,8 +254,8 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
 def _decode_blocks(q: Array, s_prompt: Array, prompt_v: Array, gen_k: Array, gen_v: Array,
                    gen_mask: Array, block: int) -> Array:
     """`decode_attention`'s blockwise path: q [B, R, K, G, H, 1] float32, prompt scores
-    s_prompt [B, R, K, G, P] (masked), gen_k [B, R, K, 1, H, N], gen_v [B, R, K, 1, N, H]
-    -> out [B, R, K, G, H] float32."""
+    s_prompt [B, R, K, G, P] (masked), gen_k [B, R, K, 1, H, N], gen_v [B, R, K, 1, N, H],
+    gen_mask [N] or [B, R, 1, 1, N] -> out [B, R, K, G, H] float32."""
     n = gen_k.shape[-1]
     top = jnp.max(s_prompt, axis=-1, keepdims=True)  # [B, R, K, G, 1]
     e = jnp.exp(s_prompt - top)
@@ -268,7 +271,7 @@ def _decode_blocks(q: Array, s_prompt: Array, prompt_v: Array, gen_k: Array, gen
         start = jnp.minimum(j * block, n - block)
         k_j = jax.lax.dynamic_slice_in_dim(gen_k, start, block, axis=-1)
         v_j = jax.lax.dynamic_slice_in_dim(gen_v, start, block, axis=-2)
-        ok = (jax.lax.dynamic_slice_in_dim(gen_mask, start, block)
+        ok = (jax.lax.dynamic_slice_in_dim(gen_mask, start, block, axis=-1)
               & (start + slots >= j * block))
         s = jnp.where(ok, jnp.sum(q * k_j, axis=-2), NEG_INF)  # [B, R, K, G, block]
         m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))

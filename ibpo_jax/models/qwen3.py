@@ -44,7 +44,7 @@ class LayerInputs(NamedTuple):
     sin: Array  # [B, T, H/2] float32
     mask: attention.Mask | None  # whole sequences: who sees whom (no [T, S] array)
     prompt_mask: Array | None = None  # [B, P] bool, decode: real (not padding) prompt slots
-    slot_mask: Array | None = None  # [C] bool, decode: row-cache slots written, this one too
+    slot_mask: Array | None = None  # [C] or [B*R, C] bool, decode: slots written, this one too
     index: Array | None = None  # int32 scalar, decode: the slot this step's key/value go to
 
 
@@ -364,7 +364,8 @@ class Qwen3(nn.Module):
                ) -> tuple[Array, kv_cache.KVCache]:
         """One step: tokens, positions [B*R] (each < P + C) -> hidden [B*R, D] and the cache
         with this step's keys/values written at row-cache slot `index`; prompt_mask [B, P]
-        bool, slot_mask [C] bool (the slots written so far, this one included).
+        bool, slot_mask [C] bool (the slots written so far, this one included; [B*R, C] where
+        rows differ, as in slot refill's ring of slots).
 
         Unrolled, the row cache is a tuple of per-layer arrays, each updated in place with
         no per-step slicing copies; scanned, a stacked [L, ...] one carried through the scan

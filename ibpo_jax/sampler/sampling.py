@@ -403,6 +403,7 @@ def _compiled(sampler: _Sampler) -> GenerateFn:
             return decode(w, progs.prefill(w, prompts, prompt_lens, rng))
 
     run.weights, run.shared, run.prefill, run.decode = progs.weights, shared, progs.prefill, decode
+    run.sampler = sampler  # its settings (`refill.refill_fn` builds on them)
     return run
 
 

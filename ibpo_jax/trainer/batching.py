@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ibpo_jax.runtime import sharding
-from ibpo_jax.sampler import sampling
+from ibpo_jax.sampler import refill, sampling
 
 
 class PromptBatch(NamedTuple):
@@ -53,13 +53,19 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) ->
 
 
 def sampler(cfg: Any, model: Any, options: Any, tokenizer: Any, mesh: Any, *,
-            num_samples: int, evaluation: bool = False) -> sampling.GenerateFn:
+            num_samples: int, evaluation: bool = False, refill_slots: bool = False
+            ) -> sampling.GenerateFn:
     """The run's sampler (`sampling.generate_fn`, cached per configuration) with the rollout's
     settings or, `evaluation`, the evaluation's (`RunConfig.sampling`), `num_samples` responses
-    per prompt."""
-    return sampling.generate_fn(model, options, **cfg.sampling(evaluation=evaluation),
-                                num_samples=num_samples, eos_ids=tuple(tokenizer.eos_ids),
-                                pad_id=tokenizer.pad_id, mesh=mesh)
+    per prompt. `refill_slots` (the step's rollout with rollout.refill): decoding
+    sample_chunk x num_samples slots refilled from the call's queue of rows
+    (`refill.refill_fn`)."""
+    kwargs = dict(**cfg.sampling(evaluation=evaluation), num_samples=num_samples,
+                  eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
+    if refill_slots:
+        return refill.refill_fn(model, options, slots=cfg.rollout.sample_chunk * num_samples,
+                                **kwargs)
+    return sampling.generate_fn(model, options, **kwargs)
 
 
 def ended(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:

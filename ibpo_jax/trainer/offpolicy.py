@@ -48,7 +48,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax.config.sections import RolloutConfig
+from ibpo_jax.config.rollout_section import RolloutConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import sampling
@@ -207,7 +207,8 @@ class Placement:
 
     def _sample(self, params: Any, prompts: Any, key: jax.Array) -> sampling.SampleOutput:
         generate, n = self.sampler, len(prompts.lengths)
-        chunk = self.cfg.sample_chunk or n  # prompts per sampler call (KV cache memory)
+        # Prompts per sampler call (KV cache memory); with refill one call over a queue.
+        chunk = n if self.cfg.refill else (self.cfg.sample_chunk or n)
         mesh = self.rollout_mesh
         if self.split:  # the step's key, where the sampler's programs run
             key = jax.device_put(key, NamedSharding(mesh, P()))

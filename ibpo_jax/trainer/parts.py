@@ -138,7 +138,8 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
     # are identical everywhere and each process places its own devices' rows.
     order = IndexSampler(len(train_records), seed=cfg.seed)
     make = functools.partial(batching.sampler, cfg, base.config, base.options, tokenizer)
-    generate = make(rollout_mesh, num_samples=cfg.rollout.group_size)
+    generate = make(rollout_mesh, num_samples=cfg.rollout.group_size,
+                    refill_slots=cfg.rollout.refill)
     eval_generate = make(mesh, num_samples=cfg.eval.samples, evaluation=True)
     placement = offpolicy_lib.Placement(cfg.rollout, meshes=(mesh, rollout_mesh),
                                         dtype=base.options.dtype, sampler=generate)

@@ -188,7 +188,8 @@ def _decode_reference(q, pk, pv, gk, gv, prompt_mask, gen_mask, r):
         b = row // r
         keys = jnp.concatenate([pk[b], gk[row]], axis=1)[None]  # [1, K, P + N, H]
         values = jnp.concatenate([pv[b], gv[row]], axis=1)[None]
-        allowed = np.concatenate([prompt_mask[b], gen_mask])[None, None]
+        own = gen_mask[row] if gen_mask.ndim == 2 else gen_mask
+        allowed = np.concatenate([prompt_mask[b], own])[None, None]
         out.append(naive(q[row][None, :, :, None], keys, values, jnp.asarray(allowed))[0, :, :, 0])
     return np.stack(out)
 
@@ -200,6 +201,20 @@ def test_decode_attention_equals_attention_over_the_concatenated_cache(n, writte
     r, p = 2, 4
     q, pk, pv, gk, gv, prompt_mask = _decode_inputs(np.random.default_rng(4), r, p, n)
     gen_mask = np.arange(n) < written
+    out = attention.decode_attention(q, pk.swapaxes(-1, -2), pv, gk.swapaxes(-1, -2), gv,
+                                     jnp.asarray(prompt_mask), jnp.asarray(gen_mask), block)
+    np.testing.assert_allclose(out, _decode_reference(q, pk, pv, gk, gv, prompt_mask,
+                                                      gen_mask, r), atol=1e-5)
+
+
+@pytest.mark.parametrize("block", [256, 4])
+def test_decode_attention_with_a_mask_per_row(block):
+    """[B*R, N] masks (slot refill's ring: each row its own scattered slots) give each row
+    attention over exactly its own slots, in one pass and blockwise."""
+    r, p, n = 2, 4, 11
+    q, pk, pv, gk, gv, prompt_mask = _decode_inputs(np.random.default_rng(5), r, p, n)
+    gen_mask = np.random.default_rng(6).random((B * r, n)) < 0.5
+    gen_mask[:, 3] = True  # at least one slot per row
     out = attention.decode_attention(q, pk.swapaxes(-1, -2), pv, gk.swapaxes(-1, -2), gv,
                                      jnp.asarray(prompt_mask), jnp.asarray(gen_mask), block)
     np.testing.assert_allclose(out, _decode_reference(q, pk, pv, gk, gv, prompt_mask,

@@ -67,7 +67,8 @@ def test_bf16_run_keeps_a_bf16_reference_and_resumes_an_fp32_era_checkpoint(smok
         ckpt.close()
         for a, b in zip(jax.tree.leaves(second.state.params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree.leaves(second.parts.base.params), jax.tree.leaves(first.parts.base.params)):
+        for a, b in zip(jax.tree.leaves(second.parts.base.params),
+                        jax.tree.leaves(first.parts.base.params)):
             assert a.dtype == b.dtype
             np.testing.assert_array_equal(np.asarray(a.astype(jnp.float32)),
                                           np.asarray(b.astype(jnp.float32)))

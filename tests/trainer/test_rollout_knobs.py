@@ -37,3 +37,23 @@ def test_dynamic_sampling_and_soft_overlong_match_the_mesh_and_resume_bitwise(sm
     # fillers of a step short of B are left out (they are counted in groups_filtered).
     for row in ref[1:]:
         assert row["frac_groups_all_same"] == 0.0
+
+
+@pytest.mark.usefixtures("one_device")
+def test_slot_refill_trains_on_the_samples_of_one_call_over_all_prompts(smoke_data_dir,
+                                                                        tmp_path,
+                                                                        plain_smoke_rows):
+    """rollout.refill with 2 of the 4 prompts' rows in slots: the samples of the plain run
+    (one call over every prompt, the same key), so the same tokens every step (a chunked
+    call without refill draws other uniforms), and the same updates (on-policy, one update a
+    step: the sampler's log-probs are not read)."""
+    from ibpo_jax.trainer import loop
+
+    rows = loop.run(smoke_cfg(smoke_data_dir, {"rollout.refill": True, "rollout.sample_chunk": 2,
+                                               "mesh.data": 1}), workdir=tmp_path)
+    assert len(rows) == len(plain_smoke_rows) == 5
+    for got, want in zip(rows, plain_smoke_rows):
+        assert {k: got[k] for k in SMOKE_EXACT if k in want} == \
+            {k: want[k] for k in SMOKE_EXACT if k in want}
+        assert got.get("logprob_mismatch", 0.0) == pytest.approx(
+            want.get("logprob_mismatch", 0.0), abs=1e-5)

@@ -1,0 +1,297 @@
+"""Slot refill (issue 59): the B*R rows of a sampler call form a queue, and decode keeps `slots`
+rows busy: when a row ends, its slot takes the next waiting row, instead of idling until the
+longest row of its chunk ends. At long, skewed lengths (a wrong answer often runs to the
+limit, a right one stops early) a step then costs about total tokens / slots decode steps
+rather than chunks x longest.
+
+Same samples as the one-pass sampler (`sampling.generate_fn`) for the same key: row i's token
+t is drawn with the i-th of the B*R uniforms of fold_in(rng, t), whichever slot holds the row
+and whenever it runs. Log-probs equal the one-pass ones up to float rounding (the decode batch
+is another, as with compaction), so a token can differ only where a uniform falls within
+rounding of a boundary of the inverse CDF.
+
+Ring of slots. Rows in the slots started at different decode steps, so the row cache is a ring
+of C = max_new_tokens - 1 slots, written at (decode step mod C): a row lives at most C decode
+steps, so no slot it wrote is overwritten while it runs, and its slots are those written in
+its last col + 1 steps (a mask per row, `attention.decode_attention`). Positions (RoPE) are
+per row, so where a key sits in the ring is immaterial. Each slot holds its own prompt's
+keys/values.
+
+Loop. On the host: `refill` fills `block` free slots with the next rows of the queue (one
+jitted program of fixed shape: encode their prompts, draw their first tokens, scatter them into
+the slots; a row past the queue's end leaves its slot empty), after `merge` has written the
+finished rows of those slots into the [B*R, N] outputs. Then `segment` decodes on device
+(`lax.while_loop`) until at least `block` slots are free, or, with the queue empty, all are.
+Shapes never change: no recompilation per refill. Axis letters as in `sampling.py`; S slots,
+F the refill block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from ibpo_jax.core.numerics import entropy
+from ibpo_jax.models import kv_cache
+from ibpo_jax.models.qwen3 import Qwen3, positions_from_mask
+from ibpo_jax.runtime import sharding
+from ibpo_jax.sampler import sampling
+from ibpo_jax.sampler.strategies import Greedy
+
+Array = jax.Array
+
+
+class RefillState(NamedTuple):
+    """The decode state of S slots, each holding one row of the queue (or none)."""
+
+    step: Array  # int32: decode steps so far; this one writes ring slot step % C
+    cache: kv_cache.KVCache  # prompt part [S, K, H, P] (each slot its own), ring [S, K, H, C]
+    tokens: Array  # [S, N] int32: the slot's row so far; tokens[:, col] the newest
+    logprobs: Array  # [S, N] float32
+    lengths: Array  # [S] int32
+    done: Array  # [S] bool: EOS emitted
+    col: Array  # [S] int32: the column of the newest sampled token
+    prompt_mask: Array  # [S, P] bool
+    next_pos: Array  # [S] int32: position of tokens[:, col]
+    row_ids: Array  # [S] int32: the slot's row in the outputs; B*R for an empty slot
+    rng: Array
+    entropy: Array  # [S] float32
+
+
+class RefillStats(NamedTuple):
+    """What a call's decode loop ran: decode steps x slots, and the slot-steps that decoded no
+    row's token (finished or empty slots)."""
+
+    decode_steps: int
+    slot_steps: int
+    wasted_slot_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _Refill:
+    base: sampling._Sampler  # model, strategy, EOS, pad, mesh and layout
+    slots: int  # S
+    block: int  # F: rows prefilled per refill
+
+    @property
+    def ring(self) -> int:
+        return max(self.base.max_new_tokens - 1, 1)
+
+    def finished(self, s: RefillState, total: int) -> Array:
+        """[S] bool: slots with no token left to decode (EOS, full, or empty)."""
+        return s.done | (s.col + 1 >= self.base.max_new_tokens) | (s.row_ids >= total)
+
+    def _uniforms(self, rng: Array, cols: Array, rows: Array, total: int) -> Array:
+        """[M, 1]: row `rows[m]`'s uniform for its token at column `cols[m]`, the one the
+        one-pass sampler draws for it (the row's entry of B*R draws of fold_in(rng, col))."""
+        def one(col: Array, row: Array) -> Array:
+            u = jax.random.uniform(jax.random.fold_in(rng, col), (total, 1))
+            return u[jnp.minimum(row, total - 1)]
+        return jax.vmap(one)(cols, rows)
+
+    def _pick(self, logits: Array, rng: Array, cols: Array, rows: Array, idle: Array,
+              total: int) -> tuple[Array, Array, Array]:
+        strategy, b = self.base.strategy, self.base
+        if isinstance(strategy, Greedy):
+            tokens, logp = strategy(logits, rng)
+        else:
+            tokens, logp = strategy.sample(logits, self._uniforms(rng, cols, rows, total))
+        return (jnp.where(idle, b.pad_id, tokens).astype(jnp.int32), jnp.where(idle, 0.0, logp),
+                jnp.where(idle, 0.0, entropy(logits)))
+
+    def empty(self, rng: Array, prompt_width: int, total: int) -> RefillState:
+        """S empty slots (every row id B*R)."""
+        b, c, s, n = self.base, self.base.config, self.slots, self.base.max_new_tokens
+        stacked = b.options.scan_layers
+        prompt = kv_cache.empty_rows(s, prompt_width, c.num_hidden_layers,
+                                     c.num_key_value_heads, c.head_dim, b.options.dtype, stacked)
+        rows = kv_cache.empty_rows(s, self.ring, c.num_hidden_layers, c.num_key_value_heads,
+                                   c.head_dim, b.options.dtype, stacked)
+        prompt = jax.tree.map(lambda r: kv_cache.PromptKV(r.k, r.v), prompt,
+                              is_leaf=lambda x: isinstance(x, kv_cache.RowKV))
+        batch = lambda x: sharding.constrain(x, P(sharding.BATCH))  # noqa: E731
+        return RefillState(
+            step=jnp.int32(0), cache=b._place(kv_cache.KVCache(prompt, rows)),
+            tokens=batch(jnp.full((s, n), b.pad_id, jnp.int32)),
+            logprobs=batch(jnp.zeros((s, n), jnp.float32)),
+            lengths=batch(jnp.zeros((s,), jnp.int32)), done=batch(jnp.zeros((s,), bool)),
+            col=batch(jnp.zeros((s,), jnp.int32)),
+            prompt_mask=batch(jnp.zeros((s, prompt_width), bool)),
+            next_pos=batch(jnp.zeros((s,), jnp.int32)),
+            row_ids=batch(jnp.full((s,), total, jnp.int32)), rng=rng,
+            entropy=batch(jnp.zeros((s,), jnp.float32)))
+
+    def refill(self, params: Any, state: RefillState, slots: Array, prompts: Array,
+               prompt_lens: Array, rows: Array, total: int) -> RefillState:
+        """Slots `slots` [F] take rows `rows` [F] (B*R: none) whose prompts are `prompts`
+        [F, P] (right-aligned, lengths `prompt_lens` [F]): encoded, first token drawn."""
+        b, n = self.base, self.base.max_new_tokens
+        params = b._params(params)
+        p = prompts.shape[1]
+        mask = jnp.arange(p)[None, :] >= (p - prompt_lens)[:, None]
+        hidden, kv = b.model.apply({"params": params}, prompts, positions_from_mask(mask), mask,
+                                   method=Qwen3.encode)
+        logits = b.model.apply({"params": params}, hidden[:, -1], method=Qwen3.logits)
+        zero = jnp.zeros_like(rows)
+        first, logp, ent = self._pick(logits, state.rng, zero, rows, rows >= total, total)
+        axis = 1 if b.options.scan_layers else 0
+        put = lambda old, new: jax.tree.map(  # noqa: E731
+            lambda o, x: o.at[(slice(None),) * axis + (slots,)].set(x.astype(o.dtype)), old, new)
+        prompt = put(state.cache.prompt, kv_cache.prompt_cache(kv, b.options.scan_layers))
+        at = lambda x, v: x.at[slots].set(v)  # noqa: E731
+        return state._replace(
+            cache=b._place(state.cache._replace(prompt=prompt)),
+            tokens=at(state.tokens, jnp.full((len(rows), n), b.pad_id, jnp.int32)
+                      .at[:, 0].set(first)),
+            logprobs=at(state.logprobs, jnp.zeros((len(rows), n), jnp.float32)
+                        .at[:, 0].set(logp)),
+            lengths=at(state.lengths, 1), done=at(state.done, b._is_eos(first)),
+            col=at(state.col, 0), prompt_mask=at(state.prompt_mask, mask),
+            next_pos=at(state.next_pos, prompt_lens.astype(jnp.int32)),
+            row_ids=at(state.row_ids, rows.astype(jnp.int32)), entropy=at(state.entropy, ent))
+
+    def _step(self, params: Any, total: int, s: RefillState) -> RefillState:
+        """Feeds each slot's newest token (ring slot step % C) and samples its next one."""
+        b, n, c = self.base, self.base.max_new_tokens, self.ring
+        idle = self.finished(s, total)
+        ar = jnp.arange(self.slots)
+        fed = s.tokens[ar, jnp.minimum(s.col, n - 1)]
+        age = (s.step - jnp.arange(c)) % c  # [C]: decode steps since each ring slot was written
+        # An idle slot's position may be one past the RoPE table (a full row): any in-range
+        # one will do, its results are dropped (and its ring slots are its own).
+        pos = jnp.where(idle, 0, s.next_pos)
+        hidden, cache = b.model.apply(
+            {"params": params}, fed, pos, s.cache, s.prompt_mask,
+            age[None, :] <= s.col[:, None], s.step % c, method=Qwen3.decode)
+        logits = b.model.apply({"params": params}, hidden, method=Qwen3.logits)
+        col = s.col + 1
+        tok, logp, ent = self._pick(logits, s.rng, col, s.row_ids, idle, total)
+        where = jnp.where(idle, n, col)  # idle slots write nothing (dropped)
+        live = (~idle).astype(jnp.int32)
+        return s._replace(
+            step=s.step + 1, cache=cache,
+            tokens=s.tokens.at[ar, where].set(tok, mode="drop"),
+            logprobs=s.logprobs.at[ar, where].set(logp, mode="drop"),
+            lengths=s.lengths + live, done=s.done | (~idle & b._is_eos(tok)),
+            col=s.col + live, next_pos=s.next_pos + live, entropy=s.entropy + ent)
+
+    def segment(self, params: Any, state: RefillState, want: Array, total: int
+                ) -> tuple[RefillState, Array]:
+        """Decode steps until at least `want` slots are finished (or all are); also the
+        slot-steps of them that decoded nothing."""
+        params = self.base._params(params)
+
+        def cond(carry: tuple[RefillState, Array]) -> Array:
+            fin = self.finished(carry[0], total)
+            return (jnp.sum(fin) < want) & ~jnp.all(fin)
+
+        def body(carry: tuple[RefillState, Array]) -> tuple[RefillState, Array]:
+            s, wasted = carry
+            return self._step(params, total, s), wasted + jnp.sum(self.finished(s, total))
+
+        return jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+
+    def merge(self, out: sampling.SampleOutput, state: RefillState, slots: Array
+              ) -> sampling.SampleOutput:
+        """The outputs [B*R, ...] with slots `slots`' rows written at their row ids."""
+        ids = state.row_ids[slots]
+        put = lambda full, part: sharding.constrain(  # noqa: E731
+            full.at[ids].set(part[slots], mode="drop"), P(sharding.BATCH))
+        return sampling.SampleOutput(put(out.tokens, state.tokens),
+                                     put(out.lengths, state.lengths),
+                                     put(out.logprobs, state.logprobs),
+                                     put(out.entropy, state.entropy))
+
+
+class _Programs(NamedTuple):
+    empty: Any
+    refill: Any
+    segment: Any
+    merge: Any
+
+
+def _loop(r: _Refill, progs: _Programs, params: Any, prompts: np.ndarray,
+          prompt_lens: np.ndarray, rng: Array) -> tuple[sampling.SampleOutput, RefillStats]:
+    """The host's loop (module docstring) over the queue of B*R rows, prompt-major."""
+    mesh, samples = r.base.mesh, r.base.num_samples
+    total, width, n = len(prompt_lens) * samples, prompts.shape[1], r.base.max_new_tokens
+    rep = (lambda x: x) if mesh is None else (
+        lambda x: sharding.global_array(x, NamedSharding(mesh, P())))
+    state = progs.empty(rng, width, total)
+    out = sampling.SampleOutput(
+        rep(np.full((total, n), r.base.pad_id, np.int32)), rep(np.zeros(total, np.int32)),
+        rep(np.zeros((total, n), np.float32)), rep(np.zeros(total, np.float32)))
+    queued, wasted = 0, 0
+    while True:
+        free = np.flatnonzero(sharding.host_array(r.finished(state, total)))
+        while queued < total and len(free) >= r.block:
+            slots, free = free[:r.block], free[r.block:]
+            rows = np.arange(queued, queued + r.block)
+            queued += r.block
+            prompt = np.minimum(rows, total - 1) // samples
+            slots_d = rep(slots.astype(np.int32))
+            out = progs.merge(out, state, slots_d)
+            state = progs.refill(params, state, slots_d, rep(prompts[prompt]),
+                                 rep(prompt_lens[prompt]),
+                                 rep(np.minimum(rows, total).astype(np.int32)), total)
+        if queued >= total and len(free) == r.slots:
+            break
+        want = r.block if queued < total else r.slots
+        state, leg_wasted = progs.segment(params, state, rep(np.int32(want)), total)
+        wasted += int(leg_wasted)
+    out = progs.merge(out, state, rep(np.arange(r.slots, dtype=np.int32)))
+    steps = int(state.step)
+    return out, RefillStats(steps, steps * r.slots, wasted)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(r: _Refill) -> Any:
+    progs = _Programs(
+        empty=jax.jit(r.empty, static_argnums=(1, 2)),
+        refill=jax.jit(r.refill, donate_argnums=1, static_argnums=6),
+        segment=jax.jit(r.segment, donate_argnums=1, static_argnums=3),
+        merge=jax.jit(r.merge, donate_argnums=0))
+    base = sampling._compiled(r.base)  # the one-pass sampler's `weights` / `shared`
+
+    def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *, cast: Any = None
+            ) -> sampling.SampleOutput:
+        prompts = np.asarray(prompts, np.int32)
+        prompt_lens = np.asarray(prompt_lens, np.int32)
+        if r.base.mesh is None:
+            w = cast if cast is not None else base.shared(params)
+            out, run.last_stats = _loop(r, progs, w, prompts, prompt_lens, rng)
+            return out
+        with jax.set_mesh(r.base.mesh):
+            w = cast if cast is not None else base.shared(params)
+            out, run.last_stats = _loop(r, progs, w, prompts, prompt_lens, rng)
+            return out
+
+    run.weights, run.shared, run.last_stats = base.weights, base.shared, None
+    return run
+
+
+def refill_fn(config: Any, options: Any, *, slots: int, block: int | None = None,
+              **kwargs: Any) -> sampling.GenerateFn:
+    """`sampling.generate_fn`'s sampler (same arguments in `kwargs`, compaction aside) that
+    decodes `slots` rows at a time and refills `block` (default: a quarter of the slots, at
+    least one per batch device) finished slots at once from the call's queue of B*R rows.
+    After a call, `fn.last_stats` is its `RefillStats`."""
+    kwargs.pop("compact", None)
+    base = sampling.generate_fn(config, options, compact=False, **kwargs)
+    sampler = base.sampler
+    devices = 1 if sampler.mesh is None else (sampler.mesh.shape["data"]
+                                              * sampler.mesh.shape["fsdp"])
+    if slots < 1 or slots % devices:
+        raise ValueError(f"slots={slots}: must be a positive multiple of the mesh's "
+                         f"{devices} batch devices")
+    block = block or max(devices, slots // 4 // devices * devices)
+    if not 1 <= block <= slots:
+        raise ValueError(f"block={block}: must be in [1, slots={slots}]")
+    return _compiled(_Refill(sampler, int(slots), int(block)))
