@@ -190,13 +190,32 @@ def row_steps(lengths: Any, max_new_tokens: int, *, compact: bool, every: int = 
 
 def write(rows: RowKV, k_new: Array, v_new: Array, layer: Array | None, index: Array
           ) -> tuple[RowKV, RowKV]:
-    """Writes one step's k_new, v_new [B*R, K, 1, H] at slot `index` -> (the updated cache,
+    """Writes one step's k_new, v_new [B*R, K, 1, H] at slot `index` (a scalar; or [B*R], each
+    row its own slot, as slot refill's rows are at different steps) -> (the updated cache,
     this layer's view of it). `rows` is one layer's (layer None) or stacked [L, ...] (layer:
     the index; writing into the stacked array avoids copying a size-1 layer slice each step
     on XLA:CPU). Written before it is read, so XLA updates the loop-carried cache in place."""
+    if jnp.ndim(index):
+        return _write_rows(rows, k_new, v_new, layer, index)
     k, k_layer = _write_slot(rows.k, k_new.swapaxes(2, 3), layer, index, -1)
     v, v_layer = _write_slot(rows.v, v_new, layer, index, -2)
     return RowKV(k, v), RowKV(k_layer, v_layer)
+
+
+def _write_rows(rows: RowKV, k_new: Array, v_new: Array, layer: Array | None, index: Array
+                ) -> tuple[RowKV, RowKV]:
+    """`write` with a slot per row: row i's key/value at slot index[i] (one past the cache:
+    dropped)."""
+    ar = jnp.arange(index.shape[0])
+    lead = () if layer is None else (layer,)
+    k = rows.k.at[(*lead, ar, slice(None), slice(None), index)].set(
+        k_new[:, :, 0].astype(rows.k.dtype), mode="drop")  # [.., B*R, K, H, C]
+    v = rows.v.at[(*lead, ar, slice(None), index)].set(
+        v_new[:, :, 0].astype(rows.v.dtype), mode="drop")  # [.., B*R, K, C, H]
+    if layer is None:
+        return RowKV(k, v), RowKV(k, v)
+    view = lambda a: jax.lax.dynamic_index_in_dim(a, layer, 0, keepdims=False)  # noqa: E731
+    return RowKV(k, v), RowKV(view(k), view(v))
 
 
 def _write_slot(cache: Array, new: Array, layer: Array | None, index: Array, axis: int

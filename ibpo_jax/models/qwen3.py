@@ -45,7 +45,10 @@ class LayerInputs(NamedTuple):
     mask: attention.Mask | None  # whole sequences: who sees whom (no [T, S] array)
     prompt_mask: Array | None = None  # [B, P] bool, decode: real (not padding) prompt slots
     slot_mask: Array | None = None  # [C] or [B*R, C] bool, decode: slots written, this one too
-    index: Array | None = None  # int32 scalar, decode: the slot this step's key/value go to
+    index: Array | None = None  # int32 scalar or [B*R], decode: the slot this step's k/v go to
+    # [B*R] int32, decode: each row's prompt in the prompt cache (slot refill); None: the R
+    # consecutive rows b*R + r continue prompt b
+    prompt_rows: Array | None = None
 
 
 def positions_from_mask(mask: Array) -> Array:
@@ -192,6 +195,9 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x, ctx.cos, ctx.sin)  # [B*R, K, G, T, H], [B*R, K, T, H] x2
         if rows is not None:
             rows, view = kv_cache.write(rows, k, v, layer, ctx.index)
+            if ctx.prompt_rows is not None:  # each row its prompt's keys/values
+                prompt = kv_cache.PromptKV(jnp.take(prompt.k, ctx.prompt_rows, axis=0),
+                                           jnp.take(prompt.v, ctx.prompt_rows, axis=0))
             o = attention.decode_attention(q[:, :, :, 0], prompt.k, prompt.v, view.k, view.v,
                                            ctx.prompt_mask, ctx.slot_mask)  # [B*R, K, G, H]
             o = o[:, :, :, None]  # [B*R, K, G, 1, H]
@@ -360,12 +366,14 @@ class Qwen3(nn.Module):
         return hp, self._final_norm(xr)
 
     def decode(self, tokens: Array, positions: Array, cache: kv_cache.KVCache,
-               prompt_mask: Array, slot_mask: Array, index: Array
-               ) -> tuple[Array, kv_cache.KVCache]:
+               prompt_mask: Array, slot_mask: Array, index: Array,
+               prompt_rows: Array | None = None) -> tuple[Array, kv_cache.KVCache]:
         """One step: tokens, positions [B*R] (each < P + C) -> hidden [B*R, D] and the cache
         with this step's keys/values written at row-cache slot `index`; prompt_mask [B, P]
-        bool, slot_mask [C] bool (the slots written so far, this one included; [B*R, C] where
-        rows differ, as in slot refill's ring of slots).
+        bool, slot_mask [C] bool (the slots written so far, this one included). Slot refill's
+        rows are at different steps and prompts: `index` [B*R] (each row's slot), slot_mask
+        [B*R, C], and `prompt_rows` [B*R] (each row's prompt in the cache; prompt_mask then
+        [B*R, P], the rows' own).
 
         Unrolled, the row cache is a tuple of per-layer arrays, each updated in place with
         no per-step slicing copies; scanned, a stacked [L, ...] one carried through the scan
@@ -377,7 +385,7 @@ class Qwen3(nn.Module):
         bound = prompt_mask.shape[1] + kv_cache.slots_of(cache.rows)
         cos_t, sin_t = rope_tables(jnp.arange(bound), c.head_dim, c.rope_theta)  # [P+C, H/2]
         cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B*R, 1, H/2]
-        ctx = LayerInputs(cos, sin, None, prompt_mask, slot_mask, index)
+        ctx = LayerInputs(cos, sin, None, prompt_mask, slot_mask, index, prompt_rows)
         x, rows, _ = self._layers(self._embed(tokens[:, None]), ctx, cache.prompt, cache.rows)
         return self._final_norm(x[:, 0]), cache._replace(rows=rows)
 

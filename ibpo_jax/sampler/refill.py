@@ -10,20 +10,22 @@ and whenever it runs. Log-probs equal the one-pass ones up to float rounding (th
 is another, as with compaction), so a token can differ only where a uniform falls within
 rounding of a boundary of the inverse CDF.
 
-Ring of slots. Rows in the slots started at different decode steps, so the row cache is a ring
-of C = max_new_tokens - 1 slots, written at (decode step mod C): a row lives at most C decode
-steps, so no slot it wrote is overwritten while it runs, and its slots are those written in
-its last col + 1 steps (a mask per row, `attention.decode_attention`). Positions (RoPE) are
-per row, so where a key sits in the ring is immaterial. Each slot holds its own prompt's
-keys/values.
+A column per row. Rows in the slots started at different decode steps, so each writes its
+token's key/value at its own column (`kv_cache.write` with a slot per row) and attends to its
+columns so far (a mask per row, `attention.decode_attention`). The call's prompts are encoded
+once, up front, as in the one-pass sampler (`start`: their keys/values and last logits), and a
+slot reads its row's prompt from that store (`Qwen3.decode`'s `prompt_rows`): no slot holds a
+copy, and no prompt is encoded twice. The row cache grows by the one-pass sampler's static widths
+(`kv_cache.slot_widths`) as the longest live row needs them, so a step reads the columns of
+the rows in flight rounded up to a width, not all max_new_tokens.
 
 Loop. On the host: `refill` fills `block` free slots with the next rows of the queue (one
-jitted program of fixed shape: encode their prompts, draw their first tokens, scatter them into
-the slots; a row past the queue's end leaves its slot empty), after `merge` has written the
-finished rows of those slots into the [B*R, N] outputs. Then `segment` decodes on device
-(`lax.while_loop`) until at least `block` slots are free, or, with the queue empty, all are.
-Shapes never change: no recompilation per refill. Axis letters as in `sampling.py`; S slots,
-F the refill block.
+jitted program of fixed shape: draw their first tokens from their prompts' logits, scatter
+them into the slots; a row past the queue's end leaves its slot empty), after `merge` has
+written the finished rows of those slots into the [B*R, N] outputs. Then `segment` decodes on
+device (`lax.while_loop`) until at least `block` slots are free (with the queue empty: all),
+or a live row reaches the cache's width, which then grows. One compiled program per width, none per
+refill. Axis letters as in `sampling.py`; S slots, F the refill block, W the cache's width.
 """
 
 from __future__ import annotations
@@ -51,14 +53,17 @@ Array = jax.Array
 class RefillState(NamedTuple):
     """The decode state of S slots, each holding one row of the queue (or none)."""
 
-    step: Array  # int32: decode steps so far; this one writes ring slot step % C
-    cache: kv_cache.KVCache  # prompt part [S, K, H, P] (each slot its own), ring [S, K, H, C]
+    step: Array  # int32: decode steps so far
+    cache: kv_cache.KVCache  # prompt part [B, K, H, P] (the call's prompts), rows [S, K, H, W]
+    first_logits: Array  # [B, V] float32: each prompt's next-token logits (first tokens)
+    prompt_masks: Array  # [B, P] bool: the prompts' real tokens
     tokens: Array  # [S, N] int32: the slot's row so far; tokens[:, col] the newest
     logprobs: Array  # [S, N] float32
     lengths: Array  # [S] int32
     done: Array  # [S] bool: EOS emitted
     col: Array  # [S] int32: the column of the newest sampled token
-    prompt_mask: Array  # [S, P] bool
+    prompt_ids: Array  # [S] int32: the slot's prompt (its row // R)
+    prompt_mask: Array  # [S, P] bool: the slot's prompt's
     next_pos: Array  # [S] int32: position of tokens[:, col]
     row_ids: Array  # [S] int32: the slot's row in the outputs; B*R for an empty slot
     rng: Array
@@ -78,11 +83,12 @@ class RefillStats(NamedTuple):
 class _Refill:
     base: sampling._Sampler  # model, strategy, EOS, pad, mesh and layout
     slots: int  # S
-    block: int  # F: rows prefilled per refill
+    block: int  # F: slots refilled at once
 
     @property
-    def ring(self) -> int:
-        return max(self.base.max_new_tokens - 1, 1)
+    def widths(self) -> tuple[int, ...]:
+        """The row cache's widths (the one-pass sampler's): column i's key/value at slot i."""
+        return kv_cache.slot_widths(max(self.base.max_new_tokens - 1, 1))
 
     def finished(self, s: RefillState, total: int) -> Array:
         """[S] bool: slots with no token left to decode (EOS, full, or empty)."""
@@ -106,70 +112,68 @@ class _Refill:
         return (jnp.where(idle, b.pad_id, tokens).astype(jnp.int32), jnp.where(idle, 0.0, logp),
                 jnp.where(idle, 0.0, entropy(logits)))
 
-    def empty(self, rng: Array, prompt_width: int, total: int) -> RefillState:
-        """S empty slots (every row id B*R)."""
+    def start(self, params: Any, prompts: Array, prompt_lens: Array, rng: Array, total: int
+              ) -> RefillState:
+        """The call's prompts [B, P] (right-aligned, lengths [B]) encoded, and S empty slots
+        (every row id B*R)."""
         b, c, s, n = self.base, self.base.config, self.slots, self.base.max_new_tokens
-        stacked = b.options.scan_layers
-        prompt = kv_cache.empty_rows(s, prompt_width, c.num_hidden_layers,
-                                     c.num_key_value_heads, c.head_dim, b.options.dtype, stacked)
-        rows = kv_cache.empty_rows(s, self.ring, c.num_hidden_layers, c.num_key_value_heads,
-                                   c.head_dim, b.options.dtype, stacked)
-        prompt = jax.tree.map(lambda r: kv_cache.PromptKV(r.k, r.v), prompt,
-                              is_leaf=lambda x: isinstance(x, kv_cache.RowKV))
-        batch = lambda x: sharding.constrain(x, P(sharding.BATCH))  # noqa: E731
-        return RefillState(
-            step=jnp.int32(0), cache=b._place(kv_cache.KVCache(prompt, rows)),
-            tokens=batch(jnp.full((s, n), b.pad_id, jnp.int32)),
-            logprobs=batch(jnp.zeros((s, n), jnp.float32)),
-            lengths=batch(jnp.zeros((s,), jnp.int32)), done=batch(jnp.zeros((s,), bool)),
-            col=batch(jnp.zeros((s,), jnp.int32)),
-            prompt_mask=batch(jnp.zeros((s, prompt_width), bool)),
-            next_pos=batch(jnp.zeros((s,), jnp.int32)),
-            row_ids=batch(jnp.full((s,), total, jnp.int32)), rng=rng,
-            entropy=batch(jnp.zeros((s,), jnp.float32)))
-
-    def refill(self, params: Any, state: RefillState, slots: Array, prompts: Array,
-               prompt_lens: Array, rows: Array, total: int) -> RefillState:
-        """Slots `slots` [F] take rows `rows` [F] (B*R: none) whose prompts are `prompts`
-        [F, P] (right-aligned, lengths `prompt_lens` [F]): encoded, first token drawn."""
-        b, n = self.base, self.base.max_new_tokens
         params = b._params(params)
         p = prompts.shape[1]
         mask = jnp.arange(p)[None, :] >= (p - prompt_lens)[:, None]
         hidden, kv = b.model.apply({"params": params}, prompts, positions_from_mask(mask), mask,
                                    method=Qwen3.encode)
         logits = b.model.apply({"params": params}, hidden[:, -1], method=Qwen3.logits)
-        zero = jnp.zeros_like(rows)
-        first, logp, ent = self._pick(logits, state.rng, zero, rows, rows >= total, total)
-        axis = 1 if b.options.scan_layers else 0
-        put = lambda old, new: jax.tree.map(  # noqa: E731
-            lambda o, x: o.at[(slice(None),) * axis + (slots,)].set(x.astype(o.dtype)), old, new)
-        prompt = put(state.cache.prompt, kv_cache.prompt_cache(kv, b.options.scan_layers))
+        rows = kv_cache.empty_rows(s, self.widths[0], c.num_hidden_layers,
+                                   c.num_key_value_heads, c.head_dim, b.options.dtype,
+                                   b.options.scan_layers)
+        cache = kv_cache.KVCache(kv_cache.prompt_cache(kv, b.options.scan_layers), rows)
+        batch = lambda x: sharding.constrain(x, P(sharding.BATCH))  # noqa: E731
+        zeros = lambda dtype: batch(jnp.zeros((s,), dtype))  # noqa: E731
+        return RefillState(
+            step=jnp.int32(0), cache=b._place(cache), first_logits=logits, prompt_masks=mask,
+            tokens=batch(jnp.full((s, n), b.pad_id, jnp.int32)),
+            logprobs=batch(jnp.zeros((s, n), jnp.float32)), lengths=zeros(jnp.int32),
+            done=zeros(bool), col=zeros(jnp.int32), prompt_ids=zeros(jnp.int32),
+            prompt_mask=batch(jnp.zeros((s, p), bool)), next_pos=zeros(jnp.int32),
+            row_ids=batch(jnp.full((s,), total, jnp.int32)), rng=rng,
+            entropy=zeros(jnp.float32))
+
+    def refill(self, state: RefillState, slots: Array, rows: Array, total: int
+               ) -> RefillState:
+        """Slots `slots` [F] take rows `rows` [F] (B*R: none): their first tokens drawn from
+        their prompts' logits with the rows' own uniforms."""
+        b, n = self.base, self.base.max_new_tokens
+        prompt = jnp.minimum(rows, total - 1) // b.num_samples
+        first, logp, ent = self._pick(state.first_logits[prompt], state.rng,
+                                      jnp.zeros_like(rows), rows, rows >= total, total)
+        mask = state.prompt_masks[prompt]
         at = lambda x, v: x.at[slots].set(v)  # noqa: E731
         return state._replace(
-            cache=b._place(state.cache._replace(prompt=prompt)),
             tokens=at(state.tokens, jnp.full((len(rows), n), b.pad_id, jnp.int32)
                       .at[:, 0].set(first)),
             logprobs=at(state.logprobs, jnp.zeros((len(rows), n), jnp.float32)
                         .at[:, 0].set(logp)),
             lengths=at(state.lengths, 1), done=at(state.done, b._is_eos(first)),
-            col=at(state.col, 0), prompt_mask=at(state.prompt_mask, mask),
-            next_pos=at(state.next_pos, prompt_lens.astype(jnp.int32)),
+            col=at(state.col, 0), prompt_ids=at(state.prompt_ids, prompt),
+            prompt_mask=at(state.prompt_mask, mask),
+            next_pos=at(state.next_pos, jnp.sum(mask, axis=1, dtype=jnp.int32)),
             row_ids=at(state.row_ids, rows.astype(jnp.int32)), entropy=at(state.entropy, ent))
 
     def _step(self, params: Any, total: int, s: RefillState) -> RefillState:
-        """Feeds each slot's newest token (ring slot step % C) and samples its next one."""
-        b, n, c = self.base, self.base.max_new_tokens, self.ring
+        """Feeds each slot's newest token (at its column of the row cache) and samples its
+        next one."""
+        b, n = self.base, self.base.max_new_tokens
         idle = self.finished(s, total)
         ar = jnp.arange(self.slots)
         fed = s.tokens[ar, jnp.minimum(s.col, n - 1)]
-        age = (s.step - jnp.arange(c)) % c  # [C]: decode steps since each ring slot was written
-        # An idle slot's position may be one past the RoPE table (a full row): any in-range
-        # one will do, its results are dropped (and its ring slots are its own).
-        pos = jnp.where(idle, 0, s.next_pos)
+        width = kv_cache.slots_of(s.cache.rows)
+        # An idle slot's position may be one past the RoPE table (a full row) and its column
+        # past the cache: any in-range ones will do, its results are dropped.
+        pos, col = jnp.where(idle, 0, s.next_pos), jnp.where(idle, 0, s.col)
         hidden, cache = b.model.apply(
             {"params": params}, fed, pos, s.cache, s.prompt_mask,
-            age[None, :] <= s.col[:, None], s.step % c, method=Qwen3.decode)
+            jnp.arange(width)[None, :] <= col[:, None], col, s.prompt_ids,
+            method=Qwen3.decode)
         logits = b.model.apply({"params": params}, hidden, method=Qwen3.logits)
         col = s.col + 1
         tok, logp, ent = self._pick(logits, s.rng, col, s.row_ids, idle, total)
@@ -183,20 +187,35 @@ class _Refill:
             col=s.col + live, next_pos=s.next_pos + live, entropy=s.entropy + ent)
 
     def segment(self, params: Any, state: RefillState, want: Array, total: int
-                ) -> tuple[RefillState, Array]:
-        """Decode steps until at least `want` slots are finished (or all are); also the
-        slot-steps of them that decoded nothing."""
+                ) -> tuple[RefillState, tuple[Array, Array, Array]]:
+        """Decode steps until at least `want` slots are finished (or all are), or a live row's
+        next column is past the cache's width; also what the host reads after it: which slots
+        are finished [S], their columns [S], and the slot-steps that decoded nothing."""
         params = self.base._params(params)
+        width = kv_cache.slots_of(state.cache.rows)
 
         def cond(carry: tuple[RefillState, Array]) -> Array:
             fin = self.finished(carry[0], total)
-            return (jnp.sum(fin) < want) & ~jnp.all(fin)
+            room = jnp.max(jnp.where(fin, 0, carry[0].col)) < width
+            return (jnp.sum(fin) < want) & ~jnp.all(fin) & room
 
         def body(carry: tuple[RefillState, Array]) -> tuple[RefillState, Array]:
             s, wasted = carry
             return self._step(params, total, s), wasted + jnp.sum(self.finished(s, total))
 
-        return jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+        state, wasted = jax.lax.while_loop(cond, body, (state, jnp.int32(0)))
+        return state, (self.finished(state, total), state.col, wasted)
+
+    def grow(self, state: RefillState, width: int) -> RefillState:
+        """The state with its row cache padded to `width` slots (the old one consumed)."""
+        rows = kv_cache.grow_consumed(state.cache.rows, width)
+        return state._replace(cache=state.cache._replace(rows=rows))
+
+    def merged_refill(self, out: sampling.SampleOutput, state: RefillState, slots: Array,
+                      rows: Array, total: int) -> tuple[sampling.SampleOutput, RefillState]:
+        """`merge` the rows of slots `slots`, then `refill` them with rows `rows`: one program
+        per refill."""
+        return self.merge(out, state, slots), self.refill(state, slots, rows, total)
 
     def merge(self, out: sampling.SampleOutput, state: RefillState, slots: Array
               ) -> sampling.SampleOutput:
@@ -211,7 +230,7 @@ class _Refill:
 
 
 class _Programs(NamedTuple):
-    empty: Any
+    start: Any
     refill: Any
     segment: Any
     merge: Any
@@ -219,32 +238,39 @@ class _Programs(NamedTuple):
 
 def _loop(r: _Refill, progs: _Programs, params: Any, prompts: np.ndarray,
           prompt_lens: np.ndarray, rng: Array) -> tuple[sampling.SampleOutput, RefillStats]:
-    """The host's loop (module docstring) over the queue of B*R rows, prompt-major."""
+    """The host's loop (module docstring) over the queue of B*R rows, prompt-major: one read
+    from the device per leg (`segment`'s finished slots, columns and waste)."""
     mesh, samples = r.base.mesh, r.base.num_samples
-    total, width, n = len(prompt_lens) * samples, prompts.shape[1], r.base.max_new_tokens
+    total, n = len(prompt_lens) * samples, r.base.max_new_tokens
     rep = (lambda x: x) if mesh is None else (
         lambda x: sharding.global_array(x, NamedSharding(mesh, P())))
-    state = progs.empty(rng, width, total)
+    state = progs.start(params, rep(prompts), rep(prompt_lens), rng, total)
     out = sampling.SampleOutput(
         rep(np.full((total, n), r.base.pad_id, np.int32)), rep(np.zeros(total, np.int32)),
         rep(np.zeros((total, n), np.float32)), rep(np.zeros(total, np.float32)))
+    # What the host knows of the slots: finished (empty, at first) and columns. A row refilled
+    # here may end at its first token: the next leg's read says so.
+    fin, col = np.ones(r.slots, bool), np.zeros(r.slots, np.int64)
     queued, wasted = 0, 0
     while True:
-        free = np.flatnonzero(sharding.host_array(r.finished(state, total)))
+        free = np.flatnonzero(fin)
         while queued < total and len(free) >= r.block:
             slots, free = free[:r.block], free[r.block:]
-            rows = np.arange(queued, queued + r.block)
+            rows = np.minimum(np.arange(queued, queued + r.block), total).astype(np.int32)
             queued += r.block
-            prompt = np.minimum(rows, total - 1) // samples
-            slots_d = rep(slots.astype(np.int32))
-            out = progs.merge(out, state, slots_d)
-            state = progs.refill(params, state, slots_d, rep(prompts[prompt]),
-                                 rep(prompt_lens[prompt]),
-                                 rep(np.minimum(rows, total).astype(np.int32)), total)
-        if queued >= total and len(free) == r.slots:
+            out, state = progs.refill(out, state, rep(slots.astype(np.int32)), rep(rows),
+                                      total)
+            fin[slots], col[slots] = rows >= total, 0
+        if queued >= total and fin.all():
             break
+        # The cache's width for the longest live row's next column.
+        need = int(col[~fin].max(initial=0)) + 1
+        width = min(w for w in r.widths if w >= min(need, r.widths[-1]))
+        if width > kv_cache.slots_of(state.cache.rows):
+            state = r.grow(state, width)
         want = r.block if queued < total else r.slots
-        state, leg_wasted = progs.segment(params, state, rep(np.int32(want)), total)
+        state, info = progs.segment(params, state, rep(np.int32(want)), total)
+        fin, col, leg_wasted = (np.array(sharding.host_array(x)) for x in info)
         wasted += int(leg_wasted)
     out = progs.merge(out, state, rep(np.arange(r.slots, dtype=np.int32)))
     steps = int(state.step)
@@ -254,8 +280,8 @@ def _loop(r: _Refill, progs: _Programs, params: Any, prompts: np.ndarray,
 @functools.lru_cache(maxsize=16)
 def _compiled(r: _Refill) -> Any:
     progs = _Programs(
-        empty=jax.jit(r.empty, static_argnums=(1, 2)),
-        refill=jax.jit(r.refill, donate_argnums=1, static_argnums=6),
+        start=jax.jit(r.start, static_argnums=4),
+        refill=jax.jit(r.merged_refill, donate_argnums=(0, 1), static_argnums=4),
         segment=jax.jit(r.segment, donate_argnums=1, static_argnums=3),
         merge=jax.jit(r.merge, donate_argnums=0))
     base = sampling._compiled(r.base)  # the one-pass sampler's `weights` / `shared`
@@ -274,15 +300,18 @@ def _compiled(r: _Refill) -> Any:
             return out
 
     run.weights, run.shared, run.last_stats = base.weights, base.shared, None
+    run.slots, run.block = r.slots, r.block
     return run
 
 
 def refill_fn(config: Any, options: Any, *, slots: int, block: int | None = None,
               **kwargs: Any) -> sampling.GenerateFn:
     """`sampling.generate_fn`'s sampler (same arguments in `kwargs`, compaction aside) that
-    decodes `slots` rows at a time and refills `block` (default: a quarter of the slots, at
-    least one per batch device) finished slots at once from the call's queue of B*R rows.
-    After a call, `fn.last_stats` is its `RefillStats`."""
+    decodes `slots` rows at a time and refills `block` finished slots at once from the call's
+    queue of B*R rows. `block` None: a sixteenth of the slots, a multiple of the mesh's batch
+    devices (a smaller block wastes fewer slot-steps and costs more host round trips:
+    `experiments/benchmarks/bench_refill.py`). After a call, `fn.last_stats` is its
+    `RefillStats`."""
     kwargs.pop("compact", None)
     base = sampling.generate_fn(config, options, compact=False, **kwargs)
     sampler = base.sampler
@@ -291,7 +320,7 @@ def refill_fn(config: Any, options: Any, *, slots: int, block: int | None = None
     if slots < 1 or slots % devices:
         raise ValueError(f"slots={slots}: must be a positive multiple of the mesh's "
                          f"{devices} batch devices")
-    block = block or max(devices, slots // 4 // devices * devices)
+    block = block or max(devices, slots // 16 // devices * devices)
     if not 1 <= block <= slots:
         raise ValueError(f"block={block}: must be in [1, slots={slots}]")
     return _compiled(_Refill(sampler, int(slots), int(block)))
