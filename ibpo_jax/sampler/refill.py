@@ -15,17 +15,24 @@ token's key/value at its own column (`kv_cache.write` with a slot per row) and a
 columns so far (a mask per row, `attention.decode_attention`). The call's prompts are encoded
 once, up front, as in the one-pass sampler (`start`: their keys/values and last logits), and a
 slot reads its row's prompt from that store (`Qwen3.decode`'s `prompt_rows`): no slot holds a
-copy, and no prompt is encoded twice. The row cache grows by the one-pass sampler's static widths
-(`kv_cache.slot_widths`) as the longest live row needs them, so a step reads the columns of
-the rows in flight rounded up to a width, not all max_new_tokens.
+copy, and no prompt is encoded twice. The row cache grows by the one-pass sampler's static
+widths (`kv_cache.slot_widths`) as the longest live row needs them.
+
+What a step costs beyond the one-pass sampler's: each slot reads its own prompt's keys/values
+(gathered from the store, where rows sharing a prompt read it once), and every slot reads the
+cache as wide as the longest live row (a refilled row's later columns masked). Where prompts
+are short next to the responses, as at the paper's lengths, those are small; on XLA:CPU at
+`arith_long`'s lengths they make refill slower in wall time despite fewer decode steps
+(experiments/benchmarks/RESULTS.md).
 
 Loop. On the host: `refill` fills `block` free slots with the next rows of the queue (one
 jitted program of fixed shape: draw their first tokens from their prompts' logits, scatter
 them into the slots; a row past the queue's end leaves its slot empty), after `merge` has
 written the finished rows of those slots into the [B*R, N] outputs. Then `segment` decodes on
 device (`lax.while_loop`) until at least `block` slots are free (with the queue empty: all),
-or a live row reaches the cache's width, which then grows. One compiled program per width, none per
-refill. Axis letters as in `sampling.py`; S slots, F the refill block, W the cache's width.
+or a live row reaches the cache's width, which then grows. One compiled program per width,
+none per refill; one read from the device per leg. Axis letters as in `sampling.py`; S slots,
+F the refill block, W the cache's width.
 """
 
 from __future__ import annotations
@@ -96,7 +103,8 @@ class _Refill:
 
     def _uniforms(self, rng: Array, cols: Array, rows: Array, total: int) -> Array:
         """[M, 1]: row `rows[m]`'s uniform for its token at column `cols[m]`, the one the
-        one-pass sampler draws for it (the row's entry of B*R draws of fold_in(rng, col))."""
+        one-pass sampler draws for it (the row's entry of B*R draws of fold_in(rng, col)).
+        M x B*R draws a step to keep one of each: small next to a decode step's matmuls."""
         def one(col: Array, row: Array) -> Array:
             u = jax.random.uniform(jax.random.fold_in(rng, col), (total, 1))
             return u[jnp.minimum(row, total - 1)]
