@@ -83,7 +83,7 @@ class RunParts:
     eval_pool: Any
     is_delim: jax.Array  # [V] bool: the tokens that end a reasoning step
     seed_key: jax.Array
-    methods: hooks.Methods
+    methods: hooks.Methods | None  # built last, from the parts' `context` (`build`)
 
     def policy(self, state: TrainState) -> Any:
         """The policy's full params (LoRA: the frozen base with the trained adapters)."""
@@ -100,25 +100,19 @@ class RunParts:
         return jax.jit(functools.partial(pg_variance.measure, self.spec))
 
     def context(self) -> hooks.Context:
-        """What the run's methods see of it."""
-        return _context(self.cfg, self.mesh, self.tokenizer, self.task, self.eval_task,
-                        self.train_records, self.base, self.is_delim, self.pool,
-                        self.eval_pool, self.workdir, self.is_main)
+        """What the run's methods see of it (never the parts themselves)."""
+        return hooks.Context(
+            cfg=self.cfg, mesh=self.mesh, tokenizer=self.tokenizer, task=self.task,
+            eval_task=self.eval_task, train_records=self.train_records,
+            model=self.base.config, options=self.base.options, base_params=self.base.params,
+            is_delim=self.is_delim, pool=self.pool, eval_pool=self.eval_pool,
+            workdir=self.workdir, is_main=self.is_main)
 
     def close(self) -> None:
         self.schedule.close()
         self.pool.close()
         if self.eval_pool is not self.pool:
             self.eval_pool.close()
-
-
-def _context(cfg, mesh, tokenizer, task, eval_task, records, base, is_delim, pool, eval_pool,
-             workdir, is_main) -> hooks.Context:
-    return hooks.Context(
-        cfg=cfg, mesh=mesh, tokenizer=tokenizer, task=task, eval_task=eval_task,
-        train_records=records, model=base.config, options=base.options,
-        base_params=base.params, is_delim=is_delim, pool=pool, eval_pool=eval_pool,
-        workdir=workdir, is_main=is_main)
 
 
 def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | None = None
@@ -150,8 +144,6 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
     is_delim = jnp.asarray(tokenizer.is_delim)
     collector = collect_lib.Collector(cfg, mesh, task, tokenizer, train_records, order,
                                       placement.generate, pool, packer)
-    methods = hooks.Methods(_context(cfg, mesh, tokenizer, task, eval_task, train_records,
-                                     base, is_delim, pool, eval_pool, workdir, is_main))
     parts = RunParts(
         cfg=cfg, workdir=workdir, is_main=is_main, say=say, mesh=mesh, tokenizer=tokenizer,
         task=task, eval_task=eval_task, train_records=train_records,
@@ -163,8 +155,8 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
         generate=generate, eval_generate=eval_generate,
         schedule=offpolicy_lib.schedule(cfg.rollout, placement, order), collector=collector,
         pool=pool, eval_pool=eval_pool, is_delim=is_delim, seed_key=jax.random.key(cfg.seed),
-        methods=methods)
-    return parts, state
+        methods=None)
+    return dataclasses.replace(parts, methods=hooks.Methods(parts.context())), state
 
 
 def _policy(cfg: RunConfig, mesh: Mesh, task: Task, tokenizer: Any, workdir: Path,
