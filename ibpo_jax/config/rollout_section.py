@@ -41,8 +41,9 @@ class RolloutConfig(Section):
     """Slot refill (sampler/refill.py): the step's B x G rows form a queue and decode keeps
     sample_chunk x G slots busy, a finished row's slot taking the next waiting row, instead of
     decoding chunks until their longest row ends; the same samples as one call over all
-    prompts. Needs 0 < sample_chunk < prompts_per_step. Off by default for now: the plan
-    (`python -m ibpo_jax.plan`) does not compile its programs yet."""
+    prompts. Needs 0 < sample_chunk < prompts_per_step. Off by default: it saves decode steps
+    but on XLA:CPU runs slower (experiments/benchmarks/RESULTS.md), and no accelerator has
+    measured it yet."""
     off_policy_steps: int = 0
     """1: the batch of step k+1 is sampled and scored with the parameters step k started from,
     in a background thread while step k's update runs (trainer/offpolicy.py); its sampler

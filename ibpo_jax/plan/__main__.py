@@ -108,8 +108,8 @@ def _lengths_lines(lengths: dict | None) -> list[str]:
              f"case (every row to the limit) {lengths['worst_case_decode_steps']:g} decode steps",
              "| sampler | decode steps | wasted slot-steps | step time (roofline) s |",
              "|---|---|---|---|"]
-    names = {"today": "today (calls until their longest row)", "refill": "refill (rollout.refill, "
-             "block 1; its programs not compiled here)",
+    names = {"today": "today (calls until their longest row)",
+             "refill": "refill (rollout.refill, a block of 1)",
              "partial": "refill + partial rollouts (not built yet)"}
     for key, c in lengths["schedules"].items():
         lines.append(f"| {names[key]} | {c['decode_steps']:.0f} | "

@@ -31,7 +31,7 @@ from ibpo_jax.config.registry import PROCEDURAL
 from ibpo_jax.models import kv_cache, lora
 from ibpo_jax.plan import flops as flops_lib
 from ibpo_jax.runtime import sharding
-from ibpo_jax.sampler import sampling
+from ibpo_jax.sampler import refill, sampling
 from ibpo_jax.trainer import packing, policy, step
 from ibpo_jax.trainer.state import TrainState, make_optimizer
 
@@ -300,10 +300,12 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
     rollout, key, plan, _ = _rollout(s)
     spec = spec_of(s)
     programs = []
-    gen = sampling.generate_fn(s.config, s.options, max_new_tokens=r.max_new_tokens,
-                               temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                               num_samples=r.group_size, eos_ids=(0,), pad_id=0, mesh=mesh)
-    b = r.sample_chunk or r.prompts_per_step  # prompts per sampler call
+    kw = dict(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+              top_k=r.top_k, num_samples=r.group_size, eos_ids=(0,), pad_id=0, mesh=mesh)
+    gen = (refill.refill_fn(s.config, s.options, slots=r.sample_chunk * r.group_size, **kw)
+           if r.refill else sampling.generate_fn(s.config, s.options, **kw))
+    # Prompts per sampler call, calls per step (refill: one call over every prompt).
+    b = r.prompts_per_step if r.refill else (r.sample_chunk or r.prompts_per_step)
     calls = r.prompts_per_step // b
     split = b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
     psh = sharding.batch_sharding if split else (lambda m, nd: NamedSharding(m, P()))
@@ -318,8 +320,13 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
         programs.append(prog)
         weights = outputs(traced, compiled, mesh)
         s.sampling_copy = device_bytes(weights)
-        traced = gen.prefill.trace(weights, prompts, lens, key)
-        prog, compiled = _compile("prefill", traced, calls, 0, f"{b} prompts x {r.group_size}")
+        if r.refill:  # the call's prompt store, then S slots refilled from the queue
+            traced = gen.programs.start.trace(weights, prompts, lens, key, b * r.group_size)
+            note = f"{b} prompts encoded once (slot refill's store)"
+        else:
+            traced = gen.prefill.trace(weights, prompts, lens, key)
+            note = f"{b} prompts x {r.group_size}"
+        prog, compiled = _compile("prefill", traced, calls, 0, note)
         programs.append(prog)
         state = outputs(traced, compiled, mesh)
         programs += _decode(s, gen, weights, state, calls)
@@ -339,7 +346,10 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
 
 def _segment(gen: Any) -> Any:
     """The decode leg of a `sampling.generate_fn` function, jitted as the sampler jits it
-    (`sampling._compiled`): its decode loop runs it from the host, so it is no attribute."""
+    (`sampling._compiled`): its decode loop runs it from the host, so it is no attribute
+    (slot refill's: its `programs`)."""
+    if hasattr(gen, "programs"):
+        return gen.programs.segment
     segment = getattr(gen, "segment", None)
     if segment is None:
         sampler = gen.prefill.__wrapped__.__self__  # the _Sampler whose method was jitted
@@ -363,12 +373,17 @@ def _grown(state: Any, width: int, mesh: Mesh) -> tuple[Any, int]:
 def _decode(s: Setup, gen: Any, weights: Any, state: Any, calls: int) -> list[Program]:
     """The decode loop's legs (`kv_cache.decode_stops`), every row active to the last step
     (the worst case: compaction drops finished rows, which only lowers these figures): FLOPs
-    per step traced at every width, memory compiled at the widest, with the growth into it."""
+    per step traced at every width, memory compiled at the widest, with the growth into it.
+    Slot refill: its S slots decode the step's rows in B*G / S passes of the same legs."""
     r, mesh = s.cfg.rollout, s.mesh
     n = r.max_new_tokens
     widths = kv_cache.slot_widths(max(n - 1, 1))
     segment = _segment(gen)
     total = (r.sample_chunk or r.prompts_per_step) * r.group_size
+    rows = total
+    if r.refill:  # `total` is the queue's, the rows decoding at once the slots
+        total, rows = r.prompts_per_step * r.group_size, gen.slots
+        calls = -(-total // rows)
     stop = SDS((), jnp.int32, sharding=NamedSharding(mesh, P()))
     count, hbm, steps, before, out = flops_lib.Count(), 0.0, 0, 0, []
     for i, width in enumerate(widths):
@@ -385,27 +400,41 @@ def _decode(s: Setup, gen: Any, weights: Any, state: Any, calls: int) -> list[Pr
         hbm += n_steps * decode_step_bytes(s, width)
         steps, before = steps + n_steps, before + n_steps
     prog = _compile("decode", seg, steps * calls, 0,
-                    f"{calls} x {steps} steps (no row ends early), {total} rows, memory at "
-                    f"{widths[-1]} slots")[0]
+                    f"{calls} x {steps} steps (no row ends early), {rows} rows, memory at "
+                    f"{widths[-1]} slots" + (", slot refill" if r.refill else ""))[0]
     prog.count = flops_lib.Count(count.flops / max(steps, 1), count.bytes / max(steps, 1))
     prog.hbm_bytes = hbm / max(steps, 1)
     return out + [prog]
 
 
-def kv_cache_bytes(s: Setup, slots: int) -> float:
-    """Per-device bytes of one sampler call's KV cache with `slots` row slots: prompt part
-    (one per prompt) + row part (one per sample), in the compute dtype."""
-    c, r, mesh = s.config, s.cfg.rollout, s.mesh
+def _kv_bytes(s: Setup, tokens: float) -> float:
+    """Per-device bytes of `tokens` tokens' keys and values in the compute dtype."""
+    c, mesh = s.config, s.mesh
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim \
         * np.dtype(s.options.dtype).itemsize
-    b = r.sample_chunk or r.prompts_per_step  # one sampler call's prompts
-    tokens = b * r.max_prompt_len + b * r.group_size * slots
     kv_shards = mesh.shape["data"] * mesh.shape["fsdp"] * min(mesh.shape["tensor"],
                                                               c.num_key_value_heads)
     return per_token * tokens / kv_shards
 
 
+def kv_cache_bytes(s: Setup, slots: int) -> float:
+    """Per-device bytes of one sampler call's KV cache with `slots` row slots: prompt part
+    (one per prompt) + row part (one per sample), in the compute dtype. Slot refill: every
+    prompt of the step (its store) + sample_chunk x G rows."""
+    r = s.cfg.rollout
+    if r.refill:
+        return _kv_bytes(s, r.prompts_per_step * r.max_prompt_len
+                         + r.sample_chunk * r.group_size * slots)
+    b = r.sample_chunk or r.prompts_per_step  # one sampler call's prompts
+    return _kv_bytes(s, b * r.max_prompt_len + b * r.group_size * slots)
+
+
 def decode_step_bytes(s: Setup, slots: float) -> float:
     """HBM bytes one decode step reads per device: the sampler's weights (its compute-dtype
-    copy, `Setup.sampling_copy`) and the KV cache of `slots` row slots."""
+    copy, `Setup.sampling_copy`) and the KV cache of `slots` row slots (slot refill: each
+    row its own prompt's, gathered from the store, and its own slots)."""
+    r = s.cfg.rollout
+    if r.refill:
+        return s.sampling_copy + _kv_bytes(s, r.sample_chunk * r.group_size
+                                           * (r.max_prompt_len + slots))
     return s.sampling_copy + kv_cache_bytes(s, slots)

@@ -309,6 +309,7 @@ def _compiled(r: _Refill) -> Any:
 
     run.weights, run.shared, run.last_stats = base.weights, base.shared, None
     run.slots, run.block = r.slots, r.block
+    run.programs, run.refill = progs, r  # the plan traces them (`plan.programs`)
     return run
 
 

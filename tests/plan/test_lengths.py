@@ -97,7 +97,7 @@ def test_the_plan_prints_the_step_under_the_lengths_and_max_leaves_it_out():
     table = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True,
                            timeout=600).stdout
     assert "responses: paper-like mix" in table and \
-        "| refill (rollout.refill, block 1; its programs not compiled here) |" in table
+        "| refill (rollout.refill, a block of 1) |" in table
     worst = subprocess.run([*cmd, "--lengths=max", "--json"], cwd=root, env=env, check=True,
                            capture_output=True, text=True, timeout=600).stdout
     assert "lengths" not in json.loads(worst)

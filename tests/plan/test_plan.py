@@ -192,3 +192,27 @@ def test_a_tiny_models_plan_takes_any_procedural_task_and_refuses_file_tasks():
         programs.model_of(load("arith"))[0].vocab_size
     with pytest.raises(ValueError, match="procedural task's char tokenizer.*arith, countdown"):
         programs.model_of(load("math_jsonl"))
+
+
+def test_the_plan_compiles_slot_refills_own_programs():
+    """rollout.refill: the plan's prefill is the store of every prompt of the step (one call)
+    and its decode the S slots' legs, B·G / S passes in the worst case; the one-pass sampler's
+    plan of the same config calls prefill once per chunk."""
+    from ibpo_jax import plan
+
+    base = [("rollout.sample_chunk", "2")]
+    chunked = plan.plan_json(config.load("configs/ibpo_gspo.py:smoke", base), "h100", 1,
+                             only=("decode",))
+    refilled = plan.plan_json(config.load("configs/ibpo_gspo.py:smoke",
+                                          [*base, ("rollout.refill", "true")]), "h100", 1,
+                              only=("decode",))
+    rows = lambda p: {r["name"]: r for r in p["program_details"]}  # noqa: E731
+    one, two = rows(chunked), rows(refilled)
+    assert one["prefill"]["runs"] == 2 and two["prefill"]["runs"] == 1
+    assert "slot refill's store" in two["prefill"]["note"]
+    assert one["decode"]["runs"] == two["decode"]["runs"] == 2 * 39  # 2 passes of 8 rows
+    assert "8 rows" in two["decode"]["note"] and "slot refill" in two["decode"]["note"]
+    assert two["decode"]["device_peak"] > 0 and two["prefill"]["device_peak"] > 0
+    # The store holds every prompt: more prompt cache than one chunk's.
+    assert refilled["resident_bytes_per_device"]["kv_cache_full"] > \
+        chunked["resident_bytes_per_device"]["kv_cache_full"]
