@@ -2,7 +2,7 @@
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
 checks (`config.schema.Section`): the core's in `config/sections.py`, `config/tasks.py`,
-`config/logging_section.py` and `config/rollout_section.py`, each method's beside its code
+`config/logging_section.py` and `config/tiny_model.py`, each method's beside its code
 (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that span
 sections are `RunConfig.check` and, for the methods a config turns on (`registry.METHODS`), each
 method's own `check`.
@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from ibpo_jax.config.logging_section import LoggingConfig
 from ibpo_jax.config.registry import ESTIMATORS, METHODS, SECTIONS
-from ibpo_jax.config.rollout_section import RolloutConfig
 from ibpo_jax.config.schema import with_sections
 from ibpo_jax.config.sections import (
     MIN_TEMPERATURE,
@@ -43,6 +42,7 @@ from ibpo_jax.config.sections import (
     ModelConfig,
     OptimConfig,
     RewardConfig,
+    RolloutConfig,
     Section,
     TinyModelConfig,
     TokenizerConfig,

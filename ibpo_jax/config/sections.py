@@ -9,6 +9,7 @@ import dataclasses
 
 from ibpo_jax.config import registry
 from ibpo_jax.config.schema import MIN_TEMPERATURE, ConfigError, Section, hints  # noqa: F401
+from ibpo_jax.config.tiny_model import TinyModelConfig
 from ibpo_jax.models import config as model_config
 
 
@@ -17,31 +18,6 @@ class TokenizerConfig(Section):
     KEY = "tokenizer"
     path: str = ""
     """"" = the task's own (char tokenizer for arith) or the model checkpoint's."""
-
-
-# The tiny model's section: `models.Qwen3Config`'s fields less the two the run sets
-# (vocab_size from the tokenizer, max_position_embeddings from the rollout lengths).
-_RUN_SET = ("vocab_size", "max_position_embeddings")
-_TINY = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, rope_theta=10_000.0, tie_word_embeddings=True)
-
-
-def _check_tiny(self) -> None:
-    """models.Qwen3Config's own checks (heads, head_dim, ...), named as config keys."""
-    try:
-        model_config.Qwen3Config(vocab_size=1, max_position_embeddings=1,
-                                 **dataclasses.asdict(self))
-    except model_config.ArchitectureError as e:
-        raise ConfigError(f"config.model.tiny: {e}") from None
-
-
-TinyModelConfig = dataclasses.make_dataclass(
-    "TinyModelConfig",
-    [(f.name, f.type, dataclasses.field(default=_TINY.get(f.name, f.default)))
-     for f in dataclasses.fields(model_config.Qwen3Config) if f.name not in _RUN_SET],
-    bases=(Section,), frozen=True,
-    namespace={"KEY": "model.tiny", "__module__": __name__, "check": _check_tiny,
-               "__doc__": "models.Qwen3Config of preset 'tiny' (less the fields the run sets)"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +91,66 @@ class ModelConfig(Section):
         self._one_of("remat", ("none", "dots", "full"))  # models.REMAT_POLICIES
         self._one_of("attention", model_config.ATTENTION_IMPLEMENTATIONS)
         self._nonneg("logits_chunk")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Section):
+    KEY = "rollout"
+    prompts_per_step: int = 16
+    """Prompts per RL step (B); the step samples B x G responses."""
+    group_size: int = 8
+    """G, responses per prompt."""
+    max_prompt_len: int = 64
+    """Prompts are left-truncated to this many tokens."""
+    max_new_tokens: int = 64
+    """Response length limit (responses cut here count as truncated)."""
+    temperature: float = 1.0
+    """0 = greedy, else >= MIN_TEMPERATURE."""
+    top_p: float = 1.0
+    """Nucleus sampling mass, in (0, 1]; 1 = off."""
+    top_k: int = 0
+    """0 = off."""
+    sample_chunk: int = 0
+    """Prompts per sampler call, 0 = all prompts_per_step at once: the KV cache of every row
+    at once (B·G rows of prompt + response tokens) is what long rollouts cannot hold, so they
+    sample the step's prompts a chunk at a time (`python -m ibpo_jax.plan` sizes it)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: drop the groups whose raw outcome R (the verifier's, never a
+    shaped reward) is all-equal and sample B more prompts, up to max_sampling_rounds rounds,
+    until B mixed groups are found (trainer/dynamic.py); every sample counts in the budget."""
+    max_sampling_rounds: int = 3
+    """Sampling rounds per step with dynamic_sampling (>= 1, the first included); short of B
+    mixed groups the step fills with filtered groups that carry no loss (`groups_mixed`)."""
+    refill: bool = False
+    """Slot refill (sampler/refill.py): the step's B x G rows form a queue and decode keeps
+    sample_chunk x G slots busy, a finished row's slot taking the next waiting row, instead of
+    decoding chunks until their longest row ends; the same samples as one call over all
+    prompts. Needs 0 < sample_chunk < prompts_per_step. Off by default: it saves decode steps
+    but on XLA:CPU runs slower (experiments/benchmarks/RESULTS.md), and no accelerator has
+    measured it yet."""
+    off_policy_steps: int = 0
+    """1: the batch of step k+1 is sampled and scored with the parameters step k started from,
+    in a background thread while step k's update runs (trainer/offpolicy.py); its sampler
+    log-probs are π_old of the ratio. 0: on-policy, sampled after the previous update."""
+
+    def check(self):
+        self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens",
+                       "max_sampling_rounds")
+        self._nonneg("sample_chunk")
+        self._require("sample_chunk", self.prompts_per_step % max(self.sample_chunk, 1) == 0,
+                      f"must divide config.rollout.prompts_per_step={self.prompts_per_step}")
+        self._require("refill", not self.refill
+                      or 0 < self.sample_chunk < self.prompts_per_step,
+                      "needs 0 < config.rollout.sample_chunk < config.rollout.prompts_per_step "
+                      "(its slots are sample_chunk x group_size rows, refilled from the step's "
+                      "queue)")
+        self._temperature("temperature")
+        self._require("top_p", 0 < self.top_p <= 1, "must be in (0, 1]")
+        self._nonneg("top_k")
+        self._require("off_policy_steps", self.off_policy_steps in (0, 1)
+                      and (self.off_policy_steps == 0 or (self.top_k == 0 and self.top_p == 1)),
+                      "must be 0 or 1; 1 needs top_k 0 and top_p 1 (the sampler's log-probs "
+                      "are then the policy's, π_old of the ratio)")
 
 
 @dataclasses.dataclass(frozen=True)

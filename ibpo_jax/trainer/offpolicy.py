@@ -48,7 +48,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ibpo_jax.config.rollout_section import RolloutConfig
+from ibpo_jax.config.sections import RolloutConfig
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import sampling
