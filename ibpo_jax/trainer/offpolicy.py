@@ -236,16 +236,16 @@ class Placement:
 
 class Schedule(Protocol):
     """When the collector runs, relative to the update: a strategy of collecting.
-    `take` returns step `s`'s batch (collected with `params`, the policy the step starts
-    from, under `key`; `next_key` is step s + 1's, None at the last step) and the schedule's
-    metrics; `overlaps` says whether sampling runs beside the update (the step then logs its
-    own wall time, `time_step_s`). `saved` / `restored` carry a pending batch over a
-    checkpoint; `close` waits for one."""
+    `take` returns the step's batch (collected under the step's `key` with `params`, the
+    policy the step starts from; `next_key` is the next step's, None at the last step) and
+    the schedule's metrics; `overlaps` says whether sampling runs beside the update (the step
+    then logs its own wall time, `time_step_s`). `saved` / `restored` carry a pending batch
+    over a checkpoint; `close` waits for one."""
 
     placement: Placement
     overlaps: bool
 
-    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+    def take(self, collector: Any, key: jax.Array, next_key: jax.Array | None,
              params: Any) -> tuple[Any, dict[str, float]]: ...
 
     def saved(self, meta: dict[str, Any]
@@ -265,7 +265,7 @@ class OnPolicy:
     def __init__(self, placement: Placement):
         self.placement = placement
 
-    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+    def take(self, collector: Any, key: jax.Array, next_key: jax.Array | None,
              params: Any) -> tuple[Any, dict[str, float]]:
         self.placement.reshard_s = 0.0
         return self.placement.collect(collector, key, params), {}
@@ -294,7 +294,7 @@ class OffPolicy:
         self._pending: concurrent.futures.Future | None = None  # Collected
         self._start = 0  # the data position before the pending batch
 
-    def take(self, collector: Any, s: int, key: jax.Array, next_key: jax.Array | None,
+    def take(self, collector: Any, key: jax.Array, next_key: jax.Array | None,
              params: Any) -> tuple[Any, dict[str, float]]:
         """The batch sampled during the previous update (the first step, or a resumed run
         without a pending one: collected now), after starting the next step's."""

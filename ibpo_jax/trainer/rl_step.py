@@ -45,7 +45,7 @@ def rl_step(run: RunParts, state: TrainState, budget: float, s: int) -> StepResu
     t0 = time.perf_counter()
     gen_key, update_key = run.keys(s)
     next_key = run.keys(s + 1)[0] if s < run.cfg.train.steps else None
-    got, scheduled = run.schedule.take(run.collector, s, gen_key, next_key, run.policy(state))
+    got, scheduled = run.schedule.take(run.collector, gen_key, next_key, run.policy(state))
     out = learn(run, state, budget, s, got, gen_key, update_key)
     out.metrics.update(scheduled)
     if run.schedule.overlaps:  # phases overlap: the step's wall time is not their sum
