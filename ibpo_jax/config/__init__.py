@@ -1,5 +1,5 @@
 """The typed, frozen run configuration: the sections and their schema (`schema`, `sections`,
-`tasks`, `logging_section`, `tiny_model`), the run config that assembles them (`run`), the
+`task_sections`, `logging_section`, `tiny_model`), the run config that assembles them (`run`), the
 docs it prints (`docs`) and the name -> implementation registries (`registry`).
 
 ``RunConfig``, ``load``, ``ConfigError`` and the rest of `run`'s names are attributes of this
@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 _SUBMODULES = frozenset({"docs", "logging_section", "registry", "run", "schema", "sections",
-                         "tasks", "tiny_model"})
+                         "task_sections", "tiny_model"})
 
 
 def __getattr__(name: str) -> Any:

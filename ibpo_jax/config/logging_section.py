@@ -1,5 +1,5 @@
 """The `logging` config section: where a run's metrics go and how many evaluation samples it
-shows. Its own module, like `config/tasks.py`, to keep `config/sections.py` small; imported
+shows. Its own module, like `config/task_sections.py`, to keep `config/sections.py` small; imported
 through `ibpo_jax.config` like the others. Importing it does not import a logging library."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`config.schema.Section`): the core's in `config/sections.py`, `config/tasks.py`,
+checks (`config.schema.Section`): the core's in `config/sections.py`, `config/task_sections.py`,
 `config/logging_section.py` and `config/tiny_model.py`, each method's beside its code
 (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that span
 sections are `RunConfig.check` and, for the methods a config turns on (`registry.METHODS`), each
@@ -49,7 +49,7 @@ from ibpo_jax.config.sections import (
     TrainLoopConfig,
     hints,
 )
-from ibpo_jax.config.tasks import EvalConfig, TaskConfig, WarmStartConfig
+from ibpo_jax.config.task_sections import EvalConfig, TaskConfig, WarmStartConfig
 
 if TYPE_CHECKING:
     import ml_collections

@@ -211,7 +211,7 @@ def test_every_config_field_has_a_docstring():
 
     from ibpo_jax.config import logging_section as config_logging
     from ibpo_jax.config import sections as config_sections
-    from ibpo_jax.config import tasks as config_tasks
+    from ibpo_jax.config import task_sections as config_tasks
     from ibpo_jax.methods.prm import config as prm_config
     from ibpo_jax.methods.score import config as score_config
 
