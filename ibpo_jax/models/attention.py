@@ -206,7 +206,8 @@ def decode_attention(q: Array, prompt_k: Array, prompt_v: Array, gen_k: Array, g
     q: [B*R, K, G, H]; keys are stored transposed, prompt_k [B, K, H, P] and gen_k
     [B*R, K, H, N] (this step's key already written); prompt_v [B, K, P, H], gen_v
     [B*R, K, N, H]; prompt_mask: [B, P] bool; gen_mask: [N] bool (the written slots; at least
-    one), or [B*R, N] where rows differ (slot refill's ring of slots, `sampler/refill.py`).
+    one), or [B*R, N] where rows differ (slot refill's rows, at different steps:
+    `sampler/refill.py`).
     Returns [B*R, K, G, H].
 
     A generated cache of at most `block` slots is read in one pass with the prompt's. A longer

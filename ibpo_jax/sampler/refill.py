@@ -37,6 +37,7 @@ F the refill block, W the cache's width.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, NamedTuple
@@ -296,20 +297,16 @@ def _compiled(r: _Refill) -> Any:
 
     def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *, cast: Any = None
             ) -> sampling.SampleOutput:
-        prompts = np.asarray(prompts, np.int32)
-        prompt_lens = np.asarray(prompt_lens, np.int32)
-        if r.base.mesh is None:
+        mesh = r.base.mesh
+        with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
             w = cast if cast is not None else base.shared(params)
-            out, run.last_stats = _loop(r, progs, w, prompts, prompt_lens, rng)
-            return out
-        with jax.set_mesh(r.base.mesh):
-            w = cast if cast is not None else base.shared(params)
-            out, run.last_stats = _loop(r, progs, w, prompts, prompt_lens, rng)
-            return out
+            out, run.last_stats = _loop(r, progs, w, np.asarray(prompts, np.int32),
+                                        np.asarray(prompt_lens, np.int32), rng)
+        return out
 
     run.weights, run.shared, run.last_stats = base.weights, base.shared, None
     run.slots, run.block = r.slots, r.block
-    run.programs, run.refill = progs, r  # the plan traces them (`plan.programs`)
+    run.programs = progs  # the plan traces them (`plan.programs`)
     return run
 
 

@@ -44,7 +44,9 @@ def rl_step(run: RunParts, state: TrainState, budget: float, s: int) -> StepResu
     """RL step `s` (1-based) from `state` with `budget` trajectories spent so far."""
     t0 = time.perf_counter()
     gen_key, update_key = run.keys(s)
-    next_key = run.keys(s + 1)[0] if s < run.cfg.train.steps else None
+    # The next step's key: only a schedule that collects beside the update uses it.
+    overlaps = run.schedule.overlaps and s < run.cfg.train.steps
+    next_key = run.keys(s + 1)[0] if overlaps else None
     got, scheduled = run.schedule.take(run.collector, gen_key, next_key, run.policy(state))
     out = learn(run, state, budget, s, got, gen_key, update_key)
     out.metrics.update(scheduled)
