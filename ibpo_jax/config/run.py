@@ -1,8 +1,9 @@
 """Typed, frozen run configuration: one dataclass per config section, the single schema.
 
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
-checks (`config.schema.Section`): the core's in `config/sections.py`, `config/task_sections.py`,
-`config/logging_section.py` and `config/tiny_model.py`, each method's beside its code
+checks (`config.schema.Section`): the core's in `config/sections.py`, `config/mesh_sections.py`,
+`config/task_sections.py`, `config/logging_section.py` and `config/tiny_model.py`, each method's
+beside its code
 (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that span
 sections are `RunConfig.check` and, for the methods a config turns on (`registry.METHODS`), each
 method's own `check`.
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ibpo_jax.config.logging_section import LoggingConfig
+from ibpo_jax.config.mesh_sections import MeshConfig
 from ibpo_jax.config.registry import ESTIMATORS, METHODS, SECTIONS
 from ibpo_jax.config.schema import with_sections
 from ibpo_jax.config.sections import (
@@ -38,7 +40,6 @@ from ibpo_jax.config.sections import (
     DiagnosticsConfig,
     IbpoConfig,
     LossConfig,
-    MeshConfig,
     ModelConfig,
     OptimConfig,
     RewardConfig,
@@ -143,6 +144,9 @@ class CoreConfig(Section):
                 f"{what} = {chunks} must divide "
                 f"config.rollout.prompts_per_step = {self.rollout.prompts_per_step} "
                 "(whole groups)")
+        if self.rollout.partial and self.mesh.rollout.devices:
+            raise ConfigError("config.rollout.partial=True samples on the training mesh: set "
+                              "config.mesh.rollout.devices=0")
         if self.loss.name == "ppo" and self.ibpo.credit == "token":
             raise ConfigError("config.ibpo.credit='token' is for group estimators, not "
                               "config.loss.name='ppo'")

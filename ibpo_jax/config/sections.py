@@ -132,6 +132,19 @@ class RolloutConfig(Section):
     """1: the batch of step k+1 is sampled and scored with the parameters step k started from,
     in a background thread while step k's update runs (trainer/offpolicy.py); its sampler
     log-probs are π_old of the ratio. 0: on-policy, sampled after the previous update."""
+    partial: bool = False
+    """Partial rollouts (trainer/partial.py): partial_prompts prompts are in flight and decode in
+    rounds of partial_tokens tokens a row; a step ends after the first round with B whole
+    groups finished and learns the B oldest; unfinished rows carry over and continue under the
+    next step's weights. Each token's sampler log-prob is π_old of its ratio; `policy_lag`
+    counts tokens by the step that sampled them. Needs top_k 0, top_p 1, on-policy rollouts
+    and no dynamic sampling."""
+    partial_tokens: int = 0
+    """Tokens an unfinished row decodes per round of partial rollouts; must divide
+    max_new_tokens; 0 = max_new_tokens / 4."""
+    partial_prompts: int = 0
+    """Prompts in flight with partial rollouts (the step's B and those started early);
+    >= prompts_per_step; 0 = 2 x prompts_per_step."""
 
     def check(self):
         self._positive("prompts_per_step", "group_size", "max_prompt_len", "max_new_tokens",
@@ -151,6 +164,27 @@ class RolloutConfig(Section):
                       and (self.off_policy_steps == 0 or (self.top_k == 0 and self.top_p == 1)),
                       "must be 0 or 1; 1 needs top_k 0 and top_p 1 (the sampler's log-probs "
                       "are then the policy's, π_old of the ratio)")
+        self._nonneg("partial_tokens", "partial_prompts")
+        self._require("partial", not self.partial or (
+            self.top_k == 0 and self.top_p == 1 and not self.off_policy_steps
+            and not self.dynamic_sampling), "needs top_k 0, top_p 1 (the sampler's log-probs "
+                      "are π_old), off_policy_steps 0 and dynamic_sampling False")
+        self._require("partial_tokens", not self.partial
+                      or self.max_new_tokens % self.round_tokens == 0,
+                      f"must divide config.rollout.max_new_tokens={self.max_new_tokens} "
+                      "(0: a quarter of it, which must then be whole)")
+        self._require("partial_prompts", self.prompts_in_flight >= self.prompts_per_step,
+                      f"must be >= config.rollout.prompts_per_step={self.prompts_per_step}")
+
+    @property
+    def round_tokens(self) -> int:
+        """Tokens per round of partial rollouts (partial_tokens resolved)."""
+        return self.partial_tokens or max(self.max_new_tokens // 4, 1)
+
+    @property
+    def prompts_in_flight(self) -> int:
+        """Prompts in flight with partial rollouts (partial_prompts resolved)."""
+        return self.partial_prompts or 2 * self.prompts_per_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -382,61 +416,6 @@ class OptimConfig(Section):
                       f"config.optim.microbatches={mb!r} sets the micro-batches too: set one "
                       "(config.optim.micro_batch_rows=0 for microbatches)")
         self._one_of("layout", ("grouped", "packed", "rows"))
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutMeshConfig(Section):
-    """Where rollouts are sampled (trainer/offpolicy.py: the parameters are resharded onto it
-    once per step). One axis may be -1: it takes the devices the others leave."""
-
-    KEY = "mesh.rollout"
-    devices: int = 0
-    """Devices that sample; 0 = the training mesh samples (the default). Else the last
-    `devices` devices with `dedicated`, the first `devices` (shared with training) without."""
-    dedicated: bool = False
-    """The sampling devices train nothing: the training mesh takes the other devices."""
-    data: int = -1
-    """The rollout mesh's data axis (rows split, weights replicated); -1 = the rest."""
-    fsdp: int = 1
-    """Its fsdp axis (rows split too); -1 = the rest."""
-    tensor: int = 1
-    """Its tensor axis (each matmul split); -1 = the rest."""
-
-    def check(self):
-        self._nonneg("devices")
-        self._require("dedicated", not self.dedicated or self.devices > 0,
-                      "needs config.mesh.rollout.devices > 0")
-        _check_axes(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig(Section):
-    """One axis may be -1: it takes the devices the others leave (sharding.make_mesh)."""
-
-    KEY = "mesh"
-    data: int = -1
-    """Data parallelism (weights replicated); -1 = the devices the others leave."""
-    fsdp: int = 1
-    """Devices the parameters are sharded over (FSDP); -1 = the rest."""
-    tensor: int = 1
-    """Devices each matmul is split over (tensor parallelism); -1 = the rest."""
-    rollout: RolloutMeshConfig = dataclasses.field(default_factory=RolloutMeshConfig)
-    """The sampler's own mesh (default: the training mesh samples)."""
-
-    def check(self):
-        _check_axes(self)
-
-
-def _check_axes(section: Section) -> None:
-    """A mesh section's (data, fsdp, tensor): each -1 or > 0, at most one -1."""
-    for name in ("data", "fsdp", "tensor"):
-        section._require(name, getattr(section, name) == -1 or getattr(section, name) > 0,
-                         "must be -1 or > 0")
-    fill = [f"config.{section._key(n)}=-1" for n in ("data", "fsdp", "tensor")
-            if getattr(section, n) == -1]
-    if len(fill) > 1:
-        raise ConfigError(f"{' and '.join(fill)}: only one mesh axis may be -1 (it takes "
-                          "the devices the others leave); set the others to a size")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -302,8 +302,9 @@ def plan_json(cfg: Any, hardware: str, devices: int | None = None, *, log=None,
     finally:  # module state: a later search (the trainer's "auto") compiles everything
         programs.LOG, programs.ONLY = None, None
     if observed is not None:
-        out["lengths"] = lengths_lib.step_times(lengths, observed, cfg, *out["decode_roofline"],
-                                                out["predicted_step_s"])
+        out["lengths"] = lengths_lib.step_times(
+            lengths, observed, cfg, *out["decode_roofline"], out["predicted_step_s"],
+            prefill_token_s=out["prefill_token_s"])
     return out
 
 
@@ -347,6 +348,10 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
         "flops_per_step": f_total, "predicted_step_s": t_total,
         "decode_roofline": next((r["roofline_s_per_run"], r["runs"]) for r in rows
                                 if r["name"] == "decode"),  # (s per step, steps): every row
+        # a prompt token's share of the step's prefill: what re-encoding a prefix costs
+        "prefill_token_s": next(r["runs"] * r["roofline_s_per_run"] for r in rows
+                                if r["name"] == "prefill") / (
+            cfg.rollout.prompts_per_step * cfg.rollout.max_prompt_len),
         "peak_bytes_per_device_without_cpu_weight_upcast": max(
             r["device_peak"] - r["cpu_weight_upcast_estimate"] for r in table),
         "analytic": dataclasses.asdict(est) | {"update_peak": est.update_peak},

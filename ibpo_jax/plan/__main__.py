@@ -110,7 +110,8 @@ def _lengths_lines(lengths: dict | None) -> list[str]:
              "|---|---|---|---|"]
     names = {"today": "today (calls until their longest row)",
              "refill": "refill (rollout.refill, a block of 1)",
-             "partial": "refill + partial rollouts (not built yet)"}
+             "partial": "refill + partial rollouts (rollout.partial; prefixes re-encoded: "
+                        "priced at the prefill's rate)"}
     for key, c in lengths["schedules"].items():
         lines.append(f"| {names[key]} | {c['decode_steps']:.0f} | "
                      f"{c['wasted_slot_steps'] / max(c['slot_steps'], 1):.0%} | "

@@ -10,9 +10,11 @@ call, `sample_chunk` x G):
   longest row ends (compaction shrinks the rows read, not the steps: `kv_cache.row_steps`);
 - ``refill``: every slot busy: a row that ends hands its slot to the next waiting row (list
   scheduling in queue order), so the step takes about total tokens / slots steps;
-- ``partial``: refill, and the step ends once B x G responses are finished; rows still
-  decoding carry over into the next step (partial rollouts): the mean over a run in steady
-  state (`PARTIAL_STEPS` steps, the first left out).
+- ``partial``: partial rollouts as built (trainer/partial.py), with refill: 2B prompts in
+  flight decode in rounds of max_new_tokens / 4 tokens a row (each round one refill call), and
+  the step ends after the first round with B whole groups finished; the other rows carry over
+  into the next step. The mean over a run in steady state (`PARTIAL_STEPS` steps, the first
+  left out); the prefixes each round re-encodes are counted (`reencoded_tokens`), not priced.
 
 Every row's first token comes from its prompt's prefill, as in the sampler; decode steps and
 slot-steps count the decode loop's, which makes the other `length - 1` tokens of each row. A
@@ -124,23 +126,41 @@ def refill(lengths: np.ndarray, slots: int) -> dict:
     return _counts(int(end.max(initial=0)), slots, tokens, tokens)
 
 
-def partial(lengths: np.ndarray, slots: int, steps: int = PARTIAL_STEPS) -> dict:
-    """Refill with partial rollouts: slots take the rows carried over first, then fresh rows
-    of these lengths as long as the step runs (the next prompts start early), and the step
-    ends once len(lengths) responses are finished; rows still decoding carry over, fresh rows
-    not yet started wait for the next step. Mean per step over steps 2..`steps`."""
-    batch, carried, per_step, work = len(lengths), np.zeros(0, int), [], lengths - 1
+def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: int,
+            in_flight: int, steps: int = PARTIAL_STEPS) -> dict:
+    """Partial rollouts as built (trainer/partial.py), each round one refill call: `in_flight`
+    groups of `group_size` rows (the step's groups of `lengths`, over again); each round every
+    unfinished row decodes up to `round_tokens` tokens (its first from the round's prefill of
+    prompt + prefix, as any prompt's), the round's rows refilled on `slots` slots; the step
+    ends after the first round with B = len(lengths) / group_size groups finished and learns
+    the B oldest. Mean per step over steps 2..`steps`; also the prefix tokens the rounds
+    re-encode (`reencoded_tokens`: prefill work, priced nowhere)."""
+    g = group_size
+    groups = lengths.reshape(-1, g)
+    b = len(groups)
+    rest = np.zeros((0, g), int)  # tokens each row in flight has left, oldest group first
+    sofar = np.zeros((0, g), int)  # and has decoded: the prefix a round re-encodes
+    drawn, per_step = 0, []
     for _ in range(steps):
-        queue = np.concatenate([carried, work, work])  # more than the step can start
-        start, end = _refill(queue, slots)
-        stop = int(np.sort(end)[batch - 1])  # the step's batch is full
-        running = (start < stop) & (end > stop)
-        old = np.arange(len(queue)) < len(carried)
-        carried = np.concatenate([end[running] - stop, queue[old & (start >= stop)]])
-        busy = int(np.minimum(end, stop).sum() - np.minimum(start, stop).sum())
-        per_step.append((stop, busy))
-    stops, busy = np.array(per_step[1:]).T
-    return _counts(float(stops.mean()), slots, float(busy.mean()), float(busy.mean()))
+        new = in_flight - len(rest)
+        rest = np.concatenate([rest, groups[(drawn + np.arange(new)) % b]])
+        sofar = np.concatenate([sofar, np.zeros((new, g), int)])
+        drawn += new
+        stop = busy = reencoded = 0
+        while (rest == 0).all(axis=1).sum() < b:
+            live = rest > 0
+            take = np.minimum(rest[live], round_tokens)
+            stop += int(_refill(take - 1, slots)[1].max(initial=0))
+            busy += int((take - 1).sum())
+            reencoded += int(sofar[live].sum())
+            rest[live] -= take
+            sofar[live] += take
+        finished = np.flatnonzero((rest == 0).all(axis=1))[:b]
+        rest, sofar = np.delete(rest, finished, axis=0), np.delete(sofar, finished, axis=0)
+        per_step.append((stop, busy, reencoded))
+    stops, busy, reencoded = np.array(per_step[1:], float).T
+    return {**_counts(float(stops.mean()), slots, float(busy.mean()), float(busy.mean())),
+            "reencoded_tokens": float(reencoded.mean())}
 
 
 def _counts(steps: float, slots: int, row_steps: float, tokens: float) -> dict:
@@ -151,11 +171,16 @@ def _counts(steps: float, slots: int, row_steps: float, tokens: float) -> dict:
             "tokens": tokens, "wasted_slot_steps": slot_steps - tokens}
 
 
-def schedules(lengths: Any, slots: int, max_new_tokens: int, *, compact: bool) -> dict:
-    """{today, refill, partial} counts (module docstring) for one step's `lengths` [B*G]."""
+def schedules(lengths: Any, slots: int, max_new_tokens: int, *, compact: bool,
+              group_size: int, round_tokens: int, in_flight: int) -> dict:
+    """{today, refill, partial} counts (module docstring) for one step's `lengths` [B*G] in
+    groups of `group_size`; partial rollouts' rounds of `round_tokens` tokens with
+    `in_flight` prompts (rollout.partial_tokens and partial_prompts resolved)."""
     lengths = np.asarray(lengths, int)
     return {"today": today(lengths, slots, max_new_tokens, compact),
-            "refill": refill(lengths, slots), "partial": partial(lengths, slots)}
+            "refill": refill(lengths, slots),
+            "partial": partial(lengths, slots, group_size=group_size, round_tokens=round_tokens,
+                               in_flight=in_flight)}
 
 
 def describe(source: str) -> str:
@@ -184,19 +209,24 @@ def load(source: str, cfg: Any) -> np.ndarray:
 
 
 def step_times(source: str, lengths: np.ndarray, cfg: Any, decode_step_s: float,
-               decode_runs: float, step_s: float) -> dict:
+               decode_runs: float, step_s: float, *, prefill_token_s: float = 0.0) -> dict:
     """The plan's step time under one step's `lengths` (from `source`): for each schedule its
     counts, decode time (decode steps x `decode_step_s`) and step time (the worst-case
-    `step_s` with its `decode_runs` decode steps replaced by these)."""
+    `step_s` with its `decode_runs` decode steps replaced by these; partial rollouts' also
+    with their re-encoded prefixes at `prefill_token_s` a token, the prefill's rate)."""
     from ibpo_jax.sampler import sampling
 
     r = cfg.rollout
     n = r.max_new_tokens
     slots = (r.sample_chunk or r.prompts_per_step) * r.group_size
-    out = schedules(lengths, slots, n, compact=n >= sampling.COMPACT_MIN_NEW_TOKENS)
+    out = schedules(lengths, slots, n, compact=n >= sampling.COMPACT_MIN_NEW_TOKENS,
+                    group_size=r.group_size, round_tokens=r.round_tokens,
+                    in_flight=r.prompts_in_flight)
     for counts in out.values():
         counts["decode_s"] = counts["decode_steps"] * decode_step_s
-        counts["step_s"] = step_s - decode_runs * decode_step_s + counts["decode_s"]
+        counts["reencode_s"] = counts.get("reencoded_tokens", 0.0) * prefill_token_s
+        counts["step_s"] = (step_s - decode_runs * decode_step_s + counts["decode_s"]
+                            + counts["reencode_s"])
     return {"source": describe(source), "slots": slots, "mean_length": float(lengths.mean()),
             "at_limit": float(np.mean(lengths >= n)), "worst_case_decode_steps": decode_runs,
             "schedules": out}

@@ -246,11 +246,14 @@ class _Programs(NamedTuple):
 
 
 def _loop(r: _Refill, progs: _Programs, params: Any, prompts: np.ndarray,
-          prompt_lens: np.ndarray, rng: Array) -> tuple[sampling.SampleOutput, RefillStats]:
-    """The host's loop (module docstring) over the queue of B*R rows, prompt-major: one read
-    from the device per leg (`segment`'s finished slots, columns and waste)."""
+          prompt_lens: np.ndarray, rng: Array, count: int | None
+          ) -> tuple[sampling.SampleOutput, RefillStats]:
+    """The host's loop (module docstring) over the queue of B*R rows, prompt-major, or its
+    first `count` rows (the others' outputs left empty): one read from the device per leg
+    (`segment`'s finished slots, columns and waste)."""
     mesh, samples = r.base.mesh, r.base.num_samples
     total, n = len(prompt_lens) * samples, r.base.max_new_tokens
+    count = total if count is None else count
     rep = (lambda x: x) if mesh is None else (
         lambda x: sharding.global_array(x, NamedSharding(mesh, P())))
     state = progs.start(params, rep(prompts), rep(prompt_lens), rng, total)
@@ -263,21 +266,22 @@ def _loop(r: _Refill, progs: _Programs, params: Any, prompts: np.ndarray,
     queued, wasted = 0, 0
     while True:
         free = np.flatnonzero(fin)
-        while queued < total and len(free) >= r.block:
+        while queued < count and len(free) >= r.block:
             slots, free = free[:r.block], free[r.block:]
-            rows = np.minimum(np.arange(queued, queued + r.block), total).astype(np.int32)
+            rows = np.arange(queued, queued + r.block)
+            rows = np.where(rows < count, rows, total).astype(np.int32)
             queued += r.block
             out, state = progs.refill(out, state, rep(slots.astype(np.int32)), rep(rows),
                                       total)
             fin[slots], col[slots] = rows >= total, 0
-        if queued >= total and fin.all():
+        if queued >= count and fin.all():
             break
         # The cache's width for the longest live row's next column.
         need = int(col[~fin].max(initial=0)) + 1
         width = min(w for w in r.widths if w >= min(need, r.widths[-1]))
         if width > kv_cache.slots_of(state.cache.rows):
             state = r.grow(state, width)
-        want = r.block if queued < total else r.slots
+        want = r.block if queued < count else r.slots
         state, info = progs.segment(params, state, rep(np.int32(want)), total)
         fin, col, leg_wasted = (np.array(sharding.host_array(x)) for x in info)
         wasted += int(leg_wasted)
@@ -295,13 +299,13 @@ def _compiled(r: _Refill) -> Any:
         merge=jax.jit(r.merge, donate_argnums=0))
     base = sampling._compiled(r.base)  # the one-pass sampler's `weights` / `shared`
 
-    def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *, cast: Any = None
-            ) -> sampling.SampleOutput:
+    def run(params: Any, prompts: Any, prompt_lens: Any, rng: Array, *, cast: Any = None,
+            rows: int | None = None) -> sampling.SampleOutput:
         mesh = r.base.mesh
         with contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh):
             w = cast if cast is not None else base.shared(params)
             out, run.last_stats = _loop(r, progs, w, np.asarray(prompts, np.int32),
-                                        np.asarray(prompt_lens, np.int32), rng)
+                                        np.asarray(prompt_lens, np.int32), rng, rows)
         return out
 
     run.weights, run.shared, run.last_stats = base.weights, base.shared, None
@@ -317,7 +321,9 @@ def refill_fn(config: Any, options: Any, *, slots: int, block: int | None = None
     queue of B*R rows. `block` None: a sixteenth of the slots, a multiple of the mesh's batch
     devices (a smaller block wastes fewer slot-steps and costs more host round trips:
     `experiments/benchmarks/bench_refill.py`). After a call, `fn.last_stats` is its
-    `RefillStats`."""
+    `RefillStats`. A call's `rows` (default all B*R) decodes only the queue's first `rows`
+    rows, the others left empty: callers with a varying number of rows pad the prompts to
+    one shape and compile once (partial rollouts' rounds)."""
     kwargs.pop("compact", None)
     base = sampling.generate_fn(config, options, compact=False, **kwargs)
     sampler = base.sampler

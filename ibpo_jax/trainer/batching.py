@@ -53,17 +53,20 @@ def decode_responses(tokenizer: Any, tokens: np.ndarray, lengths: np.ndarray) ->
 
 
 def sampler(cfg: Any, model: Any, options: Any, tokenizer: Any, mesh: Any, *,
-            num_samples: int, evaluation: bool = False, refill_slots: bool = False
-            ) -> sampling.GenerateFn:
+            num_samples: int, evaluation: bool = False, refill_slots: bool = False,
+            max_new_tokens: int | None = None) -> sampling.GenerateFn:
     """The run's sampler (`sampling.generate_fn`, cached per configuration) with the rollout's
     settings or, `evaluation`, the evaluation's (`RunConfig.sampling`), `num_samples` responses
-    per prompt. `refill_slots` (the step's rollout with rollout.refill): decoding
-    sample_chunk x num_samples slots refilled from the call's queue of rows
-    (`refill.refill_fn`)."""
-    kwargs = dict(**cfg.sampling(evaluation=evaluation), num_samples=num_samples,
+    per prompt, `max_new_tokens` (partial rollouts' rounds) in place of the settings'.
+    `refill_slots` (the step's rollout with rollout.refill): decoding sample_chunk x
+    group_size slots refilled from the call's queue of rows (`refill.refill_fn`)."""
+    kwargs = {**cfg.sampling(evaluation=evaluation), **(
+        {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens})}
+    kwargs = dict(**kwargs, num_samples=num_samples,
                   eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
     if refill_slots:
-        return refill.refill_fn(model, options, slots=cfg.rollout.sample_chunk * num_samples,
+        slots = cfg.rollout.sample_chunk * cfg.rollout.group_size
+        return refill.refill_fn(model, options, slots=slots,
                                 **kwargs)
     return sampling.generate_fn(model, options, **kwargs)
 

@@ -61,6 +61,7 @@ class Collector:
     generate: Generate
     pool: Any  # the verifier: rewards.RewardPool (off-policy: offpolicy.Serialized around one)
     packer: packing.Packer
+    flight: Any = None  # rollout.partial: the prompts in flight (trainer/partial.py) sample
 
     def collect(self, key: jax.Array, params: Any) -> Collected:
         """The step's batch: the next prompts, G samples of each under `params` and `key`,
@@ -78,7 +79,10 @@ class Collector:
 
     def sample(self, key: jax.Array, params: Any
                ) -> tuple[list[dict], PromptBatch, sampling.SampleOutput]:
-        """The next prompts of the training split, encoded, and G samples of each."""
+        """The next prompts of the training split, encoded, and G samples of each (with
+        rollout.partial, the B oldest finished groups of the prompts in flight)."""
+        if self.flight is not None:
+            return self.flight.sample(self, key, params)
         cfg = self.cfg.rollout
         records = [self.records[int(i)] for i in self.order.next_indices(cfg.prompts_per_step)]
         prompts = batching.encode_prompts(

@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import Mesh
 
@@ -33,6 +34,7 @@ from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import batching, evaluation, hooks, packing, pg_variance, policy, step
 from ibpo_jax.trainer import collect as collect_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib
+from ibpo_jax.trainer import partial as partial_lib
 from ibpo_jax.trainer.run_tasks import build_tokenizer, train_and_eval_tasks
 from ibpo_jax.trainer.state import TrainState, initial_state, make_optimizer, policy_params
 
@@ -77,7 +79,7 @@ class RunParts:
     reward_kl_fn: Callable | None  # loss.kl_in "reward": π_ref's pass before credit
     generate: sampling.GenerateFn  # the rollout's sampler (G samples per prompt)
     eval_generate: sampling.GenerateFn  # evaluation's (eval.samples)
-    schedule: offpolicy_lib.Schedule  # when collecting runs: on- or one step off-policy
+    schedule: offpolicy_lib.Schedule  # when collecting runs: on-, one step off-policy, partial
     collector: collect_lib.Collector
     pool: Any  # the training task's verifier (rewards.RewardPool)
     eval_pool: Any
@@ -142,8 +144,17 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
     pool = reward_pool(cfg, task.reward)
     eval_pool = pool if eval_task.reward == task.reward else reward_pool(cfg, eval_task.reward)
     is_delim = jnp.asarray(tokenizer.is_delim)
+    flight = None
+    if cfg.rollout.partial:  # its rounds: T tokens a row, each row a prompt of its own
+        flight = partial_lib.InFlight(
+            cfg, mesh=rollout_mesh, pad_id=tokenizer.pad_id,
+            sampler=make(rollout_mesh, num_samples=1, refill_slots=cfg.rollout.refill,
+                         max_new_tokens=cfg.rollout.round_tokens),
+            is_eos=lambda t: np.isin(t, tokenizer.eos_ids))
     collector = collect_lib.Collector(cfg, mesh, task, tokenizer, train_records, order,
-                                      placement.generate, pool, packer)
+                                      placement.generate, pool, packer, flight)
+    schedule = (partial_lib.Partial(placement, flight) if flight is not None
+                else offpolicy_lib.schedule(cfg.rollout, placement, order))
     parts = RunParts(
         cfg=cfg, workdir=workdir, is_main=is_main, say=say, mesh=mesh, tokenizer=tokenizer,
         task=task, eval_task=eval_task, train_records=train_records,
@@ -153,7 +164,7 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
         reward_kl_fn=(jax.jit(functools.partial(step.reward_kl, spec))
                       if spec.kl_in_reward else None),
         generate=generate, eval_generate=eval_generate,
-        schedule=offpolicy_lib.schedule(cfg.rollout, placement, order), collector=collector,
+        schedule=schedule, collector=collector,
         pool=pool, eval_pool=eval_pool, is_delim=is_delim, seed_key=jax.random.key(cfg.seed),
         methods=None)
     return dataclasses.replace(parts, methods=hooks.Methods(parts.context())), state

@@ -221,8 +221,9 @@ def _micro_loss(spec: StepSpec, params: Any, b: _Batch, rows: jax.Array,
     # One update per rollout: π_old is the current policy, so this very pass is the trainer's
     # recomputation of the old log-probs (no separate forward pass).
     # rollout.off_policy_steps 1: π_old is the policy that sampled the batch, a step behind
-    # the one differentiated (trainer/offpolicy.py): the sampler's own log-probs.
-    old_logp = (b.sample_logp if spec.rollout.off_policy_steps
+    # the one differentiated (trainer/offpolicy.py): the sampler's own log-probs; so with
+    # rollout.partial, whose rows' tokens were sampled by several steps' policies.
+    old_logp = (b.sample_logp if spec.rollout.off_policy_steps or spec.rollout.partial
                 else jax.lax.stop_gradient(logp) if single else b.old_logp)
     num, out = policy_terms(spec, b, logp, old_logp, entropy)
     metrics = dict(out.metrics)

@@ -26,17 +26,30 @@ def test_hand_worked_schedules_of_four_rows_on_two_slots():
     assert start.tolist() == [0, 0, 1, 2] and end.tolist() == [3, 1, 2, 3]
 
 
+def test_hand_worked_partial_rollouts_of_one_group_of_two_rows():
+    """B = 1 group of rows of 2 and 6 tokens, 2 groups in flight, rounds of 2 tokens on 4
+    slots. Step 1: round 1 decodes every row's second token (1 step: the first is the round's
+    prefill's), rounds 2 and 3 the long rows' (re-encoding their 2, then 4 tokens so far: 4 + 8
+    prefix tokens); both groups finish, the oldest is learned. Step 2 learns the other with no
+    round; step 3 is step 1 again. Steps 2-9: 1.5 decode steps, 4 tokens, 6 re-encoded."""
+    out = lengths.partial(np.array([2, 6]), 4, group_size=2, round_tokens=2, in_flight=2,
+                          steps=9)
+    assert (out["decode_steps"], out["tokens"], out["reencoded_tokens"], out["slot_steps"],
+            out["wasted_slot_steps"]) == (1.5, 4, 6, 6, 2)
+
+
 def test_partial_rollouts_never_wait_for_the_longest_row():
-    """All rows in flight at once (slots = rows): refill cannot help, the step lasts the
-    longest row; partial rollouts end the step once a batch is finished and carry the long
+    """All rows decoding at once (slots = rows): refill cannot help, the step lasts the
+    longest row; partial rollouts end the step once B groups are finished and carry the long
     rows over, decoding about as many tokens per step as a batch holds."""
     x = lengths.paper_mix(256, 1024)
-    out = lengths.schedules(x, 256, 1024, compact=False)
+    kw = dict(compact=False, group_size=8, round_tokens=256, in_flight=64)
+    out = lengths.schedules(x, 256, 1024, **kw)
     assert out["today"]["decode_steps"] == out["refill"]["decode_steps"] == 1023
-    assert out["partial"]["decode_steps"] < 0.6 * 1024
-    assert out["partial"]["wasted_slot_steps"] == 0
+    assert out["partial"]["decode_steps"] < 0.65 * 1024
     assert out["partial"]["tokens"] == pytest.approx((x - 1).sum(), rel=0.1)
-    few = lengths.schedules(x, 32, 1024, compact=False)  # 8 calls of 32 rows
+    assert out["partial"]["reencoded_tokens"] > 0
+    few = lengths.schedules(x, 32, 1024, **kw)  # 8 calls of 32 rows
     assert few["partial"]["decode_steps"] <= few["refill"]["decode_steps"] \
         < 0.6 * few["today"]["decode_steps"]
 
@@ -92,8 +105,12 @@ def test_the_plan_prints_the_step_under_the_lengths_and_max_leaves_it_out():
     out = json.loads(subprocess.run([*cmd, "--json"], cwd=root, env=env, check=True,
                                     capture_output=True, text=True, timeout=600).stdout)
     s = out["lengths"]["schedules"]
-    assert s["partial"]["step_s"] <= s["refill"]["step_s"] <= s["today"]["step_s"] \
-        <= out["predicted_step_s"] * (1 + 1e-9)
+    assert s["refill"]["step_s"] <= s["today"]["step_s"] <= out["predicted_step_s"] * (1 + 1e-9)
+    # Partial rollouts' rounds re-encode their prefixes, priced at the prefill's rate.
+    p = s["partial"]
+    assert p["reencode_s"] == pytest.approx(p["reencoded_tokens"] * out["prefill_token_s"])
+    assert p["reencode_s"] > 0
+    assert p["step_s"] - p["reencode_s"] <= s["today"]["step_s"]
     table = subprocess.run(cmd, cwd=root, env=env, check=True, capture_output=True, text=True,
                            timeout=600).stdout
     assert "responses: paper-like mix" in table and \

@@ -79,6 +79,18 @@ def test_refill_wastes_fewer_slot_steps_than_chunks_decoded_to_their_longest(pro
     assert stats.decode_steps < chunked
 
 
+def test_a_calls_first_rows_alone_are_the_whole_calls_and_the_rest_stay_empty(prompts):
+    m = models.init(CFG, jax.random.key(0))
+    fn = refill.refill_fn(m.config, m.options, slots=4, block=2, max_new_tokens=N,
+                          eos_ids=EOS, num_samples=R)
+    whole = _host(fn(m.params, *prompts, jax.random.key(11)))
+    some = _host(fn(m.params, *prompts, jax.random.key(11), rows=7))
+    _same(tuple(x[:7] for x in some), tuple(x[:7] for x in whole))
+    assert not some[1][7:].any() and not some[2][7:].any() and (some[0][7:] == 0).all()
+    assert fn.last_stats.slot_steps - fn.last_stats.wasted_slot_steps \
+        == int(whole[1][:7].sum()) - 7
+
+
 def test_greedy_refill_equals_greedy_one_pass(prompts):
     m = models.init(CFG, jax.random.key(2))
     ref = _one_pass(m, prompts, temperature=0.0)
