@@ -330,7 +330,7 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
     f_total = sum((row["runs"] * row["flops_per_run"] for row in rows), 0.0)
     table = [row for row in rows if only is None or row["note"] != "not compiled"]
     worst = max(table, key=lambda row: row["device_peak"])
-    kv_full = programs.kv_cache_bytes(s, s.cfg.rollout.max_new_tokens)
+    kv_full, calls = programs.kv_cache_bytes(s), programs.sampler_calls(cfg)
     est = _analytic(cfg, s.config, s.options, mesh, mb, flops_lib)
     out = {
         "fits": worst["device_peak"] <= capacity,
@@ -348,10 +348,9 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
         "flops_per_step": f_total, "predicted_step_s": t_total,
         "decode_roofline": next((r["roofline_s_per_run"], r["runs"]) for r in rows
                                 if r["name"] == "decode"),  # (s per step, steps): every row
-        # a prompt token's share of the step's prefill: what re-encoding a prefix costs
-        "prefill_token_s": next(r["runs"] * r["roofline_s_per_run"] for r in rows
-                                if r["name"] == "prefill") / (
-            cfg.rollout.prompts_per_step * cfg.rollout.max_prompt_len),
+        # a prompt token's share of a prefill: what re-encoding a prefix costs
+        "prefill_token_s": next(r["roofline_s_per_run"] for r in rows
+                                if r["name"] == "prefill") / (calls.prompts * calls.width),
         "peak_bytes_per_device_without_cpu_weight_upcast": max(
             r["device_peak"] - r["cpu_weight_upcast_estimate"] for r in table),
         "analytic": dataclasses.asdict(est) | {"update_peak": est.update_peak},

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -293,6 +293,36 @@ def compile_update(s: Setup, credit_out: Any | None = None, *, force: bool = Fal
                         f"{mb} micro-batch{'es' if mb > 1 else ''} of {rows} rows", force=force)
 
 
+class Calls(NamedTuple):
+    """One step's sampler calls as the plan compiles them, every row to its limit."""
+
+    prompts: int  # prompts per call (refill: the call's store; partial: rows, each a prompt)
+    samples: int  # rows per prompt
+    width: int  # prompt width
+    new_tokens: int  # tokens a call decodes per row
+    calls: int  # calls per step
+    rows: int  # rows decoding at once (refill: its slots)
+
+
+def sampler_calls(cfg: RunConfig) -> Calls:
+    """The step's sampler calls (`Calls`). Partial rollouts (trainer/partial.py): rounds of
+    T tokens over C = sample_chunk x G rows, each row a prompt of its own as wide as prompt +
+    the longest prefix (P + N - T); a step decodes B x G rows' N tokens in steady state, so
+    (B x G / C) x (N / T) calls (with refill: the store every unfinished row of the K x G in
+    flight, N / T calls of B x G / C passes)."""
+    r = cfg.rollout
+    g, b, p, n = r.group_size, r.prompts_per_step, r.max_prompt_len, r.max_new_tokens
+    chunk = r.sample_chunk or b
+    if r.partial:
+        c, rounds, width = chunk * g, n // r.round_tokens, p + n - r.round_tokens
+        if r.refill:
+            return Calls(r.prompts_in_flight * g, 1, width, r.round_tokens, rounds, c)
+        return Calls(c, 1, width, r.round_tokens, b * g // c * rounds, c)
+    if r.refill:
+        return Calls(b, g, p, n, 1, chunk * g)
+    return Calls(chunk, g, p, n, b // chunk, chunk * g)
+
+
 def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
     """Every program of one RL step (the update's compile can be passed in: the search for
     micro-batches already made it)."""
@@ -300,16 +330,15 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
     rollout, key, plan, _ = _rollout(s)
     spec = spec_of(s)
     programs = []
-    kw = dict(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-              top_k=r.top_k, num_samples=r.group_size, eos_ids=(0,), pad_id=0, mesh=mesh)
-    gen = (refill.refill_fn(s.config, s.options, slots=r.sample_chunk * r.group_size, **kw)
+    c = sampler_calls(s.cfg)
+    kw = dict(max_new_tokens=c.new_tokens, temperature=r.temperature, top_p=r.top_p,
+              top_k=r.top_k, num_samples=c.samples, eos_ids=(0,), pad_id=0, mesh=mesh)
+    gen = (refill.refill_fn(s.config, s.options, slots=c.rows, **kw)
            if r.refill else sampling.generate_fn(s.config, s.options, **kw))
-    # Prompts per sampler call, calls per step (refill: one call over every prompt).
-    b = r.prompts_per_step if r.refill else (r.sample_chunk or r.prompts_per_step)
-    calls = r.prompts_per_step // b
+    b, calls = c.prompts, c.calls
     split = b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
     psh = sharding.batch_sharding if split else (lambda m, nd: NamedSharding(m, P()))
-    prompts = SDS((b, r.max_prompt_len), jnp.int32, sharding=psh(mesh, 2))
+    prompts = SDS((b, c.width), jnp.int32, sharding=psh(mesh, 2))
     lens = SDS((b,), jnp.int32, sharding=psh(mesh, 1))
     with jax.set_mesh(mesh):
         # The sampler's weights: the compute-dtype copy in its layout, made once per rollout
@@ -321,11 +350,13 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
         weights = outputs(traced, compiled, mesh)
         s.sampling_copy = device_bytes(weights)
         if r.refill:  # the call's prompt store, then S slots refilled from the queue
-            traced = gen.programs.start.trace(weights, prompts, lens, key, b * r.group_size)
+            traced = gen.programs.start.trace(weights, prompts, lens, key, b * c.samples)
             note = f"{b} prompts encoded once (slot refill's store)"
         else:
             traced = gen.prefill.trace(weights, prompts, lens, key)
-            note = f"{b} prompts x {r.group_size}"
+            note = f"{b} prompts x {c.samples}"
+        if r.partial:
+            note += f", {c.width} wide (partial rollouts' rounds: prompt + prefix)"
         prog, compiled = _compile("prefill", traced, calls, 0, note)
         programs.append(prog)
         state = outputs(traced, compiled, mesh)
@@ -375,15 +406,14 @@ def _decode(s: Setup, gen: Any, weights: Any, state: Any, calls: int) -> list[Pr
     (the worst case: compaction drops finished rows, which only lowers these figures): FLOPs
     per step traced at every width, memory compiled at the widest, with the growth into it.
     Slot refill: its S slots decode the step's rows in B*G / S passes of the same legs."""
-    r, mesh = s.cfg.rollout, s.mesh
-    n = r.max_new_tokens
+    r, mesh, c = s.cfg.rollout, s.mesh, sampler_calls(s.cfg)
+    n = c.new_tokens
     widths = kv_cache.slot_widths(max(n - 1, 1))
     segment = _segment(gen)
-    total = (r.sample_chunk or r.prompts_per_step) * r.group_size
-    rows = total
-    if r.refill:  # `total` is the queue's, the rows decoding at once the slots
-        total, rows = r.prompts_per_step * r.group_size, gen.slots
-        calls = -(-total // rows)
+    total = rows = c.prompts * c.samples
+    if r.refill:  # `total` is the queue's, the rows decoding at once the slots; every call
+        rows = gen.slots  # decodes B x G rows (partial rollouts: in steady state)
+        calls *= -(-r.prompts_per_step * r.group_size // rows)
     stop = SDS((), jnp.int32, sharding=NamedSharding(mesh, P()))
     count, hbm, steps, before, out = flops_lib.Count(), 0.0, 0, 0, []
     for i, width in enumerate(widths):
@@ -417,24 +447,21 @@ def _kv_bytes(s: Setup, tokens: float) -> float:
     return per_token * tokens / kv_shards
 
 
-def kv_cache_bytes(s: Setup, slots: int) -> float:
-    """Per-device bytes of one sampler call's KV cache with `slots` row slots: prompt part
-    (one per prompt) + row part (one per sample), in the compute dtype. Slot refill: every
-    prompt of the step (its store) + sample_chunk x G rows."""
-    r = s.cfg.rollout
-    if r.refill:
-        return _kv_bytes(s, r.prompts_per_step * r.max_prompt_len
-                         + r.sample_chunk * r.group_size * slots)
-    b = r.sample_chunk or r.prompts_per_step  # one sampler call's prompts
-    return _kv_bytes(s, b * r.max_prompt_len + b * r.group_size * slots)
+def kv_cache_bytes(s: Setup, slots: int | None = None) -> float:
+    """Per-device bytes of one sampler call's KV cache with `slots` row slots (None: as many
+    as it decodes tokens): prompt part (one per prompt) + row part (one per sample), in the
+    compute dtype. Slot refill: its store (every prompt of the call) + its slots' rows."""
+    c = sampler_calls(s.cfg)
+    slots = c.new_tokens if slots is None else slots
+    rows = c.rows if s.cfg.rollout.refill else c.prompts * c.samples
+    return _kv_bytes(s, c.prompts * c.width + rows * slots)
 
 
 def decode_step_bytes(s: Setup, slots: float) -> float:
     """HBM bytes one decode step reads per device: the sampler's weights (its compute-dtype
     copy, `Setup.sampling_copy`) and the KV cache of `slots` row slots (slot refill: each
     row its own prompt's, gathered from the store, and its own slots)."""
-    r = s.cfg.rollout
-    if r.refill:
-        return s.sampling_copy + _kv_bytes(s, r.sample_chunk * r.group_size
-                                           * (r.max_prompt_len + slots))
+    c = sampler_calls(s.cfg)
+    if s.cfg.rollout.refill:
+        return s.sampling_copy + _kv_bytes(s, c.rows * (c.width + slots))
     return s.sampling_copy + kv_cache_bytes(s, slots)

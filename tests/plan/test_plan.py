@@ -216,3 +216,29 @@ def test_the_plan_compiles_slot_refills_own_programs():
     # The store holds every prompt: more prompt cache than one chunk's.
     assert refilled["resident_bytes_per_device"]["kv_cache_full"] > \
         chunked["resident_bytes_per_device"]["kv_cache_full"]
+
+
+def test_the_plan_compiles_partial_rollouts_rounds():
+    """rollout.partial: each round's calls take C = sample_chunk x G rows as prompts of their
+    own, as wide as prompt + the longest prefix (P + N - T), and decode T tokens; in steady
+    state a step makes (B·G / C) x (N / T) of them (smoke: B 4, G 4, P 64, N 40, T 10)."""
+    from ibpo_jax import plan
+
+    cfg = config.load("configs/ibpo_gspo.py:smoke", [("rollout.sample_chunk", "2"),
+                                                      ("rollout.partial", "true")])
+    r = cfg.rollout
+    out = plan.plan_json(cfg, "h100", 1, only=("decode",))
+    rows = {x["name"]: x for x in out["program_details"]}
+    calls = (r.prompts_per_step // r.sample_chunk) * (r.max_new_tokens // r.round_tokens)
+    width = r.max_prompt_len + r.max_new_tokens - r.round_tokens
+    assert rows["prefill"]["runs"] == calls and f"{width} wide" in rows["prefill"]["note"]
+    assert f"{r.sample_chunk * r.group_size} prompts x 1" in rows["prefill"]["note"]
+    assert rows["decode"]["runs"] == calls * (r.round_tokens - 1)
+    assert rows["decode"]["device_peak"] > 0 and rows["prefill"]["device_peak"] > 0
+    # One call's cache: C rows' prompt + prefix and T slots.
+    c = r.sample_chunk * r.group_size
+    cfg1 = config.load("configs/ibpo_gspo.py:smoke", [("rollout.sample_chunk", "2")])
+    per_token = out["resident_bytes_per_device"]["kv_cache_full"] / (c * (width + r.round_tokens))
+    plain = plan.plan_json(cfg1, "h100", 1, only=("decode",))
+    assert plain["resident_bytes_per_device"]["kv_cache_full"] == pytest.approx(
+        per_token * (r.sample_chunk * r.max_prompt_len + c * r.max_new_tokens))
