@@ -54,8 +54,8 @@ class _Ids:
         return [int(x) for x in text.split()]
 
 
-def _flight(cfg, mesh, sampler, eos, pad_id) -> partial.InFlight:
-    return partial.InFlight(cfg, mesh=mesh, sampler=sampler, pad_id=pad_id,
+def _flight(cfg, mesh, first, sampler, eos, pad_id) -> partial.InFlight:
+    return partial.InFlight(cfg, mesh=mesh, first=first, sampler=sampler, pad_id=pad_id,
                             is_eos=lambda t: np.isin(t, eos))
 
 
@@ -150,8 +150,9 @@ def skewed(steps: int) -> dict:
         rollout = _rollout(b, g, n, p, chunk, on)
         make = refill.refill_fn if on else sampling.generate_fn
         extra = dict(slots=slots) if on else dict(compact=False)
-        sampler = make(cfg, m.options, max_new_tokens=n // 4, num_samples=1, **kw, **extra)
-        flight = _flight(rollout, mesh, sampler, (0,), pad)
+        first, sampler = (make(cfg, m.options, max_new_tokens=n // 4, num_samples=s, **kw,
+                               **extra) for s in (g, 1))
+        flight = _flight(rollout, mesh, first, sampler, (0,), pad)
         rows[label] = run_partial(flight, collector(), m.params, key, steps)
     return {"workload": "skewed", "rows": b * g, "slots": slots, "max_new_tokens": n,
             "steps": steps, **rows}

@@ -14,7 +14,8 @@ call, `sample_chunk` x G):
   flight decode in rounds of max_new_tokens / 4 tokens a row (each round one refill call), and
   the step ends after the first round with B whole groups finished; the other rows carry over
   into the next step. The mean over a run in steady state (`PARTIAL_STEPS` steps, the first
-  left out); the prefixes each round re-encodes are counted (`reencoded_tokens`), not priced.
+  left out); the carried rows' prompts and prefixes each round re-encodes are counted
+  (`reencoded_tokens`; the plan prices them at the prefill's rate).
 
 Every row's first token comes from its prompt's prefill, as in the sampler; decode steps and
 slot-steps count the decode loop's, which makes the other `length - 1` tokens of each row. A
@@ -127,14 +128,16 @@ def refill(lengths: np.ndarray, slots: int) -> dict:
 
 
 def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: int,
-            in_flight: int, steps: int = PARTIAL_STEPS) -> dict:
+            in_flight: int, prompt_len: int = 0, steps: int = PARTIAL_STEPS) -> dict:
     """Partial rollouts as built (trainer/partial.py), each round one refill call: `in_flight`
     groups of `group_size` rows (the step's groups of `lengths`, over again); each round every
     unfinished row decodes up to `round_tokens` tokens (its first from the round's prefill of
     prompt + prefix, as any prompt's), the round's rows refilled on `slots` slots; the step
     ends after the first round with B = len(lengths) / group_size groups finished and learns
-    the B oldest. Mean per step over steps 2..`steps`; also the prefix tokens the rounds
-    re-encode (`reencoded_tokens`: prefill work, priced nowhere)."""
+    the B oldest. Mean per step over steps 2..`steps`; also the tokens the rounds re-encode
+    (`reencoded_tokens`: each carried row's prompt of `prompt_len` tokens and its prefix; a
+    fresh prompt's first round encodes it once for its G rows, as without partial
+    rollouts)."""
     g = group_size
     groups = lengths.reshape(-1, g)
     b = len(groups)
@@ -152,7 +155,8 @@ def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: i
             take = np.minimum(rest[live], round_tokens)
             stop += int(_refill(take - 1, slots)[1].max(initial=0))
             busy += int((take - 1).sum())
-            reencoded += int(sofar[live].sum())
+            carried = live & (sofar > 0)
+            reencoded += int(sofar[carried].sum()) + prompt_len * int(carried.sum())
             rest[live] -= take
             sofar[live] += take
         finished = np.flatnonzero((rest == 0).all(axis=1))[:b]
@@ -172,15 +176,16 @@ def _counts(steps: float, slots: int, row_steps: float, tokens: float) -> dict:
 
 
 def schedules(lengths: Any, slots: int, max_new_tokens: int, *, compact: bool,
-              group_size: int, round_tokens: int, in_flight: int) -> dict:
+              group_size: int, round_tokens: int, in_flight: int, prompt_len: int = 0) -> dict:
     """{today, refill, partial} counts (module docstring) for one step's `lengths` [B*G] in
     groups of `group_size`; partial rollouts' rounds of `round_tokens` tokens with
-    `in_flight` prompts (rollout.partial_tokens and partial_prompts resolved)."""
+    `in_flight` prompts (rollout.partial_tokens and partial_prompts resolved), prompts of
+    `prompt_len` tokens."""
     lengths = np.asarray(lengths, int)
     return {"today": today(lengths, slots, max_new_tokens, compact),
             "refill": refill(lengths, slots),
             "partial": partial(lengths, slots, group_size=group_size, round_tokens=round_tokens,
-                               in_flight=in_flight)}
+                               in_flight=in_flight, prompt_len=prompt_len)}
 
 
 def describe(source: str) -> str:
@@ -221,7 +226,7 @@ def step_times(source: str, lengths: np.ndarray, cfg: Any, decode_step_s: float,
     slots = (r.sample_chunk or r.prompts_per_step) * r.group_size
     out = schedules(lengths, slots, n, compact=n >= sampling.COMPACT_MIN_NEW_TOKENS,
                     group_size=r.group_size, round_tokens=r.round_tokens,
-                    in_flight=r.prompts_in_flight)
+                    in_flight=r.prompts_in_flight, prompt_len=r.max_prompt_len)
     for counts in out.values():
         counts["decode_s"] = counts["decode_steps"] * decode_step_s
         counts["reencode_s"] = counts.get("reencoded_tokens", 0.0) * prefill_token_s

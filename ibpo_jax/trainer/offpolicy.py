@@ -328,7 +328,9 @@ class OffPolicy:
         collect (the data sampler is back at its position); `arrays()` reads the
         checkpoint's arrays (`Checkpointer.arrays`)."""
         if meta.get(checkpoint.ARRAYS):
-            self.placement.replay = unpack_outputs(arrays())
+            data = arrays()
+            if "tokens_0" in data:  # not partial rollouts' flight (a changed config)
+                self.placement.replay = unpack_outputs(data)
         elif meta.get(LEGACY_PENDING_KEY):  # a checkpoint from before the arrays' own file
             self.placement.replay = unpack_outputs(legacy_arrays(meta[LEGACY_PENDING_KEY]))
 

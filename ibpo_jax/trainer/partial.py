@@ -84,18 +84,22 @@ class Flight:
 
 
 class InFlight:
-    """The prompts in flight (module docstring) and the rounds that decode them. `sampler`
-    decodes T tokens per row (num_samples 1) on `mesh`, `is_eos` says which tokens end a
-    row; `rows_per_call` is C (one-pass sampler) or the refill sampler's slots."""
+    """The prompts in flight (module docstring) and the rounds that decode them. `first`
+    decodes a fresh prompt's first T tokens (num_samples G: the prompt encoded once, as
+    without partial rollouts), `sampler` a carried row's next T (num_samples 1: the row's
+    prompt + prefix its prompt), both on `mesh`; `is_eos` says which tokens end a row;
+    `rows_per_call` is C (one-pass samplers) or the refill samplers' slots."""
 
-    def __init__(self, cfg: Any, *, mesh: Any, sampler: sampling.GenerateFn,
-                 is_eos: Callable[[np.ndarray], np.ndarray], pad_id: int):
+    def __init__(self, cfg: Any, *, mesh: Any, first: sampling.GenerateFn,
+                 sampler: sampling.GenerateFn, is_eos: Callable[[np.ndarray], np.ndarray],
+                 pad_id: int):
         r = cfg.rollout
         self.b, self.g, self.k = r.prompts_per_step, r.group_size, r.prompts_in_flight
         self.n, self.p, self.t = r.max_new_tokens, r.max_prompt_len, r.round_tokens
         self.refill = r.refill
         self.rows_per_call = (r.sample_chunk or r.prompts_per_step) * r.group_size
         self.mesh, self.sampler, self.is_eos, self.pad_id = mesh, sampler, is_eos, pad_id
+        self.first = first
         self.flight = Flight.empty(self.p, self.n)
         self.step = 0  # steps taken: the `born` of the next step's tokens
         self.metrics: dict[str, float] = {}  # the last step's
@@ -146,35 +150,67 @@ class InFlight:
         self.flight = self.flight.joined(fresh)
 
     def _round(self, params: Any, cast: Any, key: jax.Array, counts: dict[str, int]) -> None:
-        """Every unfinished row decodes T more tokens (fewer where it ends): without refill in
-        calls of C rows, the longest prefixes first, so that rows of like prefix share a call
-        and its prompt width (one of N / T, each compiled once); with refill, one call."""
-        f, c = self.flight, self.rows_per_call
-        live = np.flatnonzero(~f.done)
+        """Every unfinished row decodes T more tokens (fewer where it ends): the fresh
+        prompts' G rows by `first` (`_fresh`), the carried rows by `sampler` (`_carried`)."""
+        f, g = self.flight, self.g
+        fresh = np.flatnonzero((f.lengths.reshape(-1, g) == 0).all(axis=1))
+        carried = np.flatnonzero(~f.done & (f.lengths > 0))
+        if len(fresh):
+            self._fresh(params, cast, jax.random.fold_in(key, 0), fresh, counts)
+        if len(carried):
+            self._carried(params, cast, jax.random.fold_in(key, 1), carried, counts)
+
+    def _fresh(self, params: Any, cast: Any, key: jax.Array, fresh: np.ndarray,
+               counts: dict[str, int]) -> None:
+        """The first T tokens of the G rows of each of the flight's prompts `fresh`: in calls
+        of C / G prompts (with refill, one call over them, padded to K prompts)."""
+        f, g, c = self.flight, self.g, self.rows_per_call
+        calls = [fresh] if self.refill else [fresh[i:i + c // g]
+                                             for i in range(0, len(fresh), c // g)]
+        for i, part in enumerate(calls):
+            size = self.k if self.refill else c // g
+            take = np.concatenate([part, np.repeat(part[:1], size - len(part))])
+            rows = (part[:, None] * g + np.arange(g)).reshape(-1)
+            self._call(self.first, params, f.prompt[take], f.prompt_len[take],
+                       key if self.refill else jax.random.fold_in(key, i), cast, rows, counts)
+
+    def _carried(self, params: Any, cast: Any, key: jax.Array, live: np.ndarray,
+                 counts: dict[str, int]) -> None:
+        """The next T tokens of the carried rows `live`, each its prompt + prefix as a prompt
+        of its own: in calls of C rows, the longest prefixes first, so that rows of like
+        prefix share a call and its prompt width (one of N / T, each compiled once); with
+        refill, one call over them, padded to K x G rows."""
+        c = self.rows_per_call
         if self.refill:
             calls = [live]
         else:
-            live = live[np.argsort(-f.lengths[live], kind="stable")]
+            live = live[np.argsort(-self.flight.lengths[live], kind="stable")]
             calls = [live[i:i + c] for i in range(0, len(live), c)]
         for i, rows in enumerate(calls):
             prompts, lens = self._continuations(rows)
-            # Fixed call shapes: the first row's copies fill a call or, with refill, the
-            # queue up to all K*G rows (never decoded: `rows`).
-            pad = (len(f.done) if self.refill else c) - len(rows)
+            pad = (len(self.flight.done) if self.refill else c) - len(rows)
             prompts = np.concatenate([prompts, np.repeat(prompts[:1], pad, axis=0)])
             lens = np.concatenate([lens, np.repeat(lens[:1], pad)])
-            if self.refill:  # `c` slots busy
-                out = self.sampler(params, prompts, lens, key, cast=cast, rows=len(rows))
-                counts["decode_steps"] += self.sampler.last_stats.decode_steps
-                counts["slot_steps"] += self.sampler.last_stats.slot_steps
-            else:
-                out = self.sampler(params, prompts, lens, jax.random.fold_in(key, i), cast=cast)
-            got = [sharding.host_array(x) for x in out]
-            if not self.refill:  # the call decodes until its longest row ends
-                counts["decode_steps"] += int(got[1].max()) - 1
-                counts["slot_steps"] += (int(got[1].max()) - 1) * c
-            self._append(rows, *(x[:len(rows)] for x in got))
-            counts["tokens"] += int(got[1][:len(rows)].sum()) - len(rows)
+            self._call(self.sampler, params, prompts, lens,
+                       key if self.refill else jax.random.fold_in(key, i), cast, rows, counts)
+
+    def _call(self, fn: sampling.GenerateFn, params: Any, prompts: np.ndarray,
+              lens: np.ndarray, key: jax.Array, cast: Any, rows: np.ndarray,
+              counts: dict[str, int]) -> None:
+        """One sampler call whose first len(rows) output rows are the flight's `rows` (the
+        others fill its fixed shape: copies, or with refill never decoded), appended."""
+        if self.refill:
+            out = fn(params, prompts, lens, key, cast=cast, rows=len(rows))
+            counts["decode_steps"] += fn.last_stats.decode_steps
+            counts["slot_steps"] += fn.last_stats.slot_steps
+        else:
+            out = fn(params, prompts, lens, key, cast=cast)
+        got = [sharding.host_array(x) for x in out]
+        if not self.refill:  # the call decodes until its longest row ends
+            counts["decode_steps"] += int(got[1].max()) - 1
+            counts["slot_steps"] += (int(got[1].max()) - 1) * self.rows_per_call
+        self._append(rows, *(x[:len(rows)] for x in got))
+        counts["tokens"] += int(got[1][:len(rows)].sum()) - len(rows)
 
     def _append(self, rows: np.ndarray, tokens: np.ndarray, lengths: np.ndarray,
                 logprobs: np.ndarray, entropy: np.ndarray) -> None:
@@ -248,6 +284,9 @@ class Partial(offpolicy.OnPolicy):
 
     def restored(self, meta: dict[str, Any], arrays: Callable[[], dict[str, np.ndarray]]
                  ) -> None:
-        """A checkpoint of a partial run holds the flight."""
+        """A checkpoint of a partial run holds the flight (one of another schedule, resumed
+        under train.allow_config_change, holds none: the flight starts empty)."""
         if meta.get(checkpoint.ARRAYS):
-            self.flight.restored(arrays())
+            data = arrays()
+            if "partial_index" in data:
+                self.flight.restored(data)

@@ -146,10 +146,12 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
     is_delim = jnp.asarray(tokenizer.is_delim)
     flight = None
     if cfg.rollout.partial:  # its rounds: T tokens a row, each row a prompt of its own
+        t, refill = cfg.rollout.round_tokens, cfg.rollout.refill
         flight = partial_lib.InFlight(
             cfg, mesh=rollout_mesh, pad_id=tokenizer.pad_id,
-            sampler=make(rollout_mesh, num_samples=1, refill_slots=cfg.rollout.refill,
-                         max_new_tokens=cfg.rollout.round_tokens),
+            first=make(rollout_mesh, num_samples=cfg.rollout.group_size, refill_slots=refill,
+                       max_new_tokens=t),
+            sampler=make(rollout_mesh, num_samples=1, refill_slots=refill, max_new_tokens=t),
             is_eos=lambda t: np.isin(t, tokenizer.eos_ids))
     collector = collect_lib.Collector(cfg, mesh, task, tokenizer, train_records, order,
                                       placement.generate, pool, packer, flight)

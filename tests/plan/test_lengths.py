@@ -36,6 +36,11 @@ def test_hand_worked_partial_rollouts_of_one_group_of_two_rows():
                           steps=9)
     assert (out["decode_steps"], out["tokens"], out["reencoded_tokens"], out["slot_steps"],
             out["wasted_slot_steps"]) == (1.5, 4, 6, 6, 2)
+    # With prompts of 3 tokens, each carried row re-encodes its prompt too: 2 rows x 2 rounds
+    # on step 1 (and step 3, ...), 6 tokens more a step on average.
+    out = lengths.partial(np.array([2, 6]), 4, group_size=2, round_tokens=2, in_flight=2,
+                          prompt_len=3, steps=9)
+    assert out["reencoded_tokens"] == 6 + 6
 
 
 def test_partial_rollouts_never_wait_for_the_longest_row():

@@ -14,7 +14,7 @@ from ibpo_jax.config import ConfigError, load
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import refill, sampling
-from ibpo_jax.trainer import checkpoint, loop, partial
+from ibpo_jax.trainer import checkpoint, loop, offpolicy, partial
 from tests.sampler.test_sampling_compaction import CFG
 from tests.trainer.knob_harness import SMOKE_EXACT, run_match_mesh_resume
 
@@ -49,11 +49,13 @@ def _collector(mesh):
 
 
 def _flight(m, mesh, **rollout):
-    kw = dict(max_new_tokens=T, eos_ids=EOS, num_samples=1, mesh=mesh)
-    sampler = (refill.refill_fn(m.config, m.options, slots=G, block=1, **kw)
-               if rollout.get("refill") else sampling.generate_fn(m.config, m.options, **kw))
-    return partial.InFlight(_cfg(**rollout), mesh=mesh, sampler=sampler, pad_id=0,
-                            is_eos=lambda t: np.isin(t, EOS))
+    def make(samples):
+        kw = dict(max_new_tokens=T, eos_ids=EOS, num_samples=samples, mesh=mesh)
+        if rollout.get("refill"):
+            return refill.refill_fn(m.config, m.options, slots=G, block=1, **kw)
+        return sampling.generate_fn(m.config, m.options, **kw)
+    return partial.InFlight(_cfg(**rollout), mesh=mesh, first=make(G), sampler=make(1),
+                            pad_id=0, is_eos=lambda t: np.isin(t, EOS))
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +184,17 @@ def test_partial_run_matches_the_mesh_and_resumes_bitwise(smoke_data_dir, tmp_pa
     ckpt = loop.Checkpointer(tmp_path / "one" / "checkpoints")
     assert ckpt.meta(2)[checkpoint.ARRAYS] == checkpoint.ARRAYS_FILE
     assert len(ckpt.arrays(2)["partial_index"]) == 6 - 4
+
+
+def test_a_checkpoint_of_the_other_schedule_leaves_each_empty(model, mesh):
+    """Resumed under train.allow_config_change across rollout.partial: neither schedule reads
+    the other's arrays."""
+    flight = _flight(model, mesh)
+    meta = {checkpoint.ARRAYS: checkpoint.ARRAYS_FILE}
+    partial.Partial(None, flight).restored(meta, lambda: {"tokens_0": np.zeros((2, 3))})
+    assert len(flight.flight.index) == 0 and flight.step == 0
+    placement = types.SimpleNamespace(replay=[])
+    off = offpolicy.OffPolicy.__new__(offpolicy.OffPolicy)
+    off.placement = placement
+    off.restored(meta, lambda: flight.saved())
+    assert placement.replay == []
