@@ -3,10 +3,9 @@
 Each section is a frozen dataclass that carries its defaults, a docstring per field and its own
 checks (`config.schema.Section`): the core's in `config/sections.py`, `config/mesh_sections.py`,
 `config/task_sections.py`, `config/logging_section.py` and `config/tiny_model.py`, each method's
-beside its code
-(`ibpo_jax/methods/`), so a new knob is one field in its section plus its use. Checks that span
-sections are `RunConfig.check` and, for the methods a config turns on (`registry.METHODS`), each
-method's own `check`.
+beside its code (`ibpo_jax/methods/`), so a new knob is one field in its section plus its use.
+Checks that span sections are `RunConfig.check` and, for the methods a config turns on
+(`registry.METHODS`), each method's own `check`.
 `configs/base.py` builds its ConfigDict from `defaults()`; ``load(spec, overrides)`` reads
 ``configs/<file>.py[:preset]`` (its ``get_config(arg)``), applies ``--config.a.b=value``
 overrides and returns a frozen :class:`RunConfig`. An unknown key, a value of the wrong type,

@@ -308,8 +308,9 @@ def sampler_calls(cfg: RunConfig) -> Calls:
     """The step's sampler calls (`Calls`). Partial rollouts (trainer/partial.py): rounds of
     T tokens over C = sample_chunk x G rows, each row a prompt of its own as wide as prompt +
     the longest prefix (P + N - T); a step decodes B x G rows' N tokens in steady state, so
-    (B x G / C) x (N / T) calls (with refill: the store every unfinished row of the K x G in
-    flight, N / T calls of B x G / C passes)."""
+    (B x G / C) x (N / T) calls (with refill: N / T calls of B x G / C passes, each call's
+    store every row of the K x G in flight). A fresh prompt's first round is today's call with
+    T tokens: narrower than these, and not compiled apart."""
     r = cfg.rollout
     g, b, p, n = r.group_size, r.prompts_per_step, r.max_prompt_len, r.max_new_tokens
     chunk = r.sample_chunk or b

@@ -66,8 +66,7 @@ def sampler(cfg: Any, model: Any, options: Any, tokenizer: Any, mesh: Any, *,
                   eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
     if refill_slots:
         slots = cfg.rollout.sample_chunk * cfg.rollout.group_size
-        return refill.refill_fn(model, options, slots=slots,
-                                **kwargs)
+        return refill.refill_fn(model, options, slots=slots, **kwargs)
     return sampling.generate_fn(model, options, **kwargs)
 
 

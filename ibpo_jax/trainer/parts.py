@@ -152,7 +152,7 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
             first=make(rollout_mesh, num_samples=cfg.rollout.group_size, refill_slots=refill,
                        max_new_tokens=t),
             sampler=make(rollout_mesh, num_samples=1, refill_slots=refill, max_new_tokens=t),
-            is_eos=lambda t: np.isin(t, tokenizer.eos_ids))
+            is_eos=lambda ids: np.isin(ids, tokenizer.eos_ids))
     collector = collect_lib.Collector(cfg, mesh, task, tokenizer, train_records, order,
                                       placement.generate, pool, packer, flight)
     schedule = (partial_lib.Partial(placement, flight) if flight is not None
