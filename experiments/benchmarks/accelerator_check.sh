@@ -12,10 +12,30 @@
 # 2. On the lent machine, as the device tool's command with carry [".accel_site"]:
 #      bash experiments/benchmarks/accelerator_check.sh run [accelerator_check.py args]
 #    writes $OUT/accelerator_agreement.json, $OUT/accelerator_check.json and
-#    $OUT/accelerator_check.log (both tables).
+#    $OUT/accelerator_check.log (both tables). Where device time is left after it:
+#      bash experiments/benchmarks/accelerator_check.sh schedules
+#    times today's sampler, slot refill and partial rollouts on a random model of Qwen3-0.6B's
+#    dimensions (bench_partial.py --model 0.6b: issue 59, whether refill pays where decode is
+#    bound by the weights), at most SCHEDULES_TIMEOUT (default 240) seconds, into
+#    $OUT/bench_partial.json and $OUT/bench_partial.log.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 SITE=.accel_site
+
+lent_env() {  # the lent machine's environment: the image's python with .accel_site
+  OUT=${OUT:-/tmp/accelerator_check}
+  mkdir -p "$OUT"
+  if [ ! -f "$SITE/COMMIT" ]; then
+    echo "no $SITE: run 'bash $0 prepare' here first and carry [\"$SITE\"]" >&2
+    exit 2
+  fi
+  read -r IBPO_GIT_COMMIT IBPO_GIT_DIRTY < "$SITE/COMMIT"
+  export IBPO_GIT_COMMIT IBPO_GIT_DIRTY PYTHONUNBUFFERED=1
+  export PYTHONPATH="$PWD/$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  # The share of GPU memory XLA may take (chips.Chip.usable_fraction, the README's GPU command).
+  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
+  PY=${PYTHON:-python3}
+}
 
 case "${1:-}" in
 prepare)
@@ -43,18 +63,7 @@ EOF
   ;;
 run)
   shift
-  OUT=${OUT:-/tmp/accelerator_check}
-  mkdir -p "$OUT"
-  if [ ! -f "$SITE/COMMIT" ]; then
-    echo "no $SITE: run 'bash $0 prepare' here first and carry [\"$SITE\"]" >&2
-    exit 2
-  fi
-  read -r IBPO_GIT_COMMIT IBPO_GIT_DIRTY < "$SITE/COMMIT"
-  export IBPO_GIT_COMMIT IBPO_GIT_DIRTY PYTHONUNBUFFERED=1
-  export PYTHONPATH="$PWD/$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  # The share of GPU memory XLA may take (chips.Chip.usable_fraction, the README's GPU command).
-  export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}
-  PY=${PYTHON:-python3}
+  lent_env
   { nvidia-smi -L 2>/dev/null; "$PY" -c "import jax, flax, optax; print('jax', jax.__version__,
     'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"; } \
     2>&1 | tee "$OUT/accelerator_check.log"
@@ -73,8 +82,16 @@ run)
   [ "$checked" -ne 0 ] && exit "$checked"
   exit "$agreed"
   ;;
+schedules)
+  lent_env
+  echo "commit $IBPO_GIT_COMMIT dirty $IBPO_GIT_DIRTY" | tee "$OUT/bench_partial.log"
+  timeout -k 5 "${SCHEDULES_TIMEOUT:-240}" "$PY" -m experiments.benchmarks.bench_partial \
+    --workload skewed --model 0.6b --steps 5 --json "$OUT/bench_partial.json" 2>&1 \
+    | tee -a "$OUT/bench_partial.log"
+  exit "${PIPESTATUS[0]}"
+  ;;
 *)
-  echo "usage: $0 prepare | run [accelerator_check.py args]" >&2
+  echo "usage: $0 prepare | run [accelerator_check.py args] | schedules" >&2
   exit 2
   ;;
 esac

@@ -1,7 +1,8 @@
 """Partial rollouts against today's sampler and refill (issue 59, item 3): per step, in steady
 state, decode steps, slot-steps, wasted slot-steps and wall time, side by side with ratios.
 
-    python -m experiments.benchmarks.bench_partial [--steps 7] [--workload skewed|arith_long|all]
+    python -m experiments.benchmarks.bench_partial [--steps 9] [--workload skewed|arith_long|all]
+        [--model small|0.6b] [--json PATH]
 
 A step here is the rollout of one RL step: B prompts x G finished responses handed to the update.
 The weights stay fixed (what is measured is the decode schedule, not learning), and each
@@ -22,14 +23,20 @@ step keeps (a finished row's slot while its call runs on, an empty slot, a fille
 and refill's counts as in `bench_refill`; partial's from its own rounds. The partial samplers
 also decode tokens of rows later steps learn, so their tokens per step differ from B x G rows'
 (printed). Workloads: `bench_refill`'s (the skewed geometric lengths, `arith_long`'s base
-policy). Wall times are XLA:CPU's on this host (the CPU model is printed).
+policy). `--model 0.6b` runs the skewed workload on a random model of Qwen3-0.6B's dimensions in
+bf16 (its EOS set a 64th of the vocabulary, so lengths are geometric as with the small model's):
+on an accelerator, where a decode step of a 0.6B model is bound by reading its weights, the
+wall times say what the saved decode steps buy (`accelerator_check.sh schedules`). The host's
+CPU model and the device are printed, and written with every figure by `--json`.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import types
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -83,14 +90,15 @@ def run_plain(fn, params, draw, key, steps: int, chunk: int, slots: int, n: int)
         prompts, lens = draw()
         k = jax.random.fold_in(key, s)
         t0 = time.perf_counter()
+        cast = fn.shared(params)  # one compute-dtype copy a step, as the trainer makes
         if chunk is None:
-            out = jax.block_until_ready(fn(params, prompts, lens, k))
+            out = jax.block_until_ready(fn(params, prompts, lens, k, cast=cast))
             st = fn.last_stats
             counts = (st.decode_steps, st.slot_steps, st.wasted_slot_steps)
             lengths = sharding.host_array(out.lengths)
         else:
             outs = jax.block_until_ready([fn(params, prompts[i:i + chunk], lens[i:i + chunk],
-                                             jax.random.fold_in(k, i))
+                                             jax.random.fold_in(k, i), cast=cast)
                                           for i in range(0, len(lens), chunk)])
             lengths = np.concatenate([sharding.host_array(o.lengths) for o in outs])
             c = plan_lengths.today(lengths, slots, n, compact=False)
@@ -110,17 +118,32 @@ def _rollout(b, g, n, p, chunk, refill_on):
     return types.SimpleNamespace(rollout=r)
 
 
-def skewed(steps: int) -> dict:
+def _skewed_model(kind: str) -> tuple[models.Qwen3LM, tuple[int, ...], int, tuple[int, int]]:
+    """(model, EOS ids, pad id, the prompts' token range) of the skewed workload: each token
+    ends a row with probability about 1/64 (EOS a 64th of a near-uniform distribution)."""
+    if kind == "0.6b":
+        from ibpo_jax.models.config import QWEN3_PRESETS
+
+        cfg = QWEN3_PRESETS["qwen3-0.6b"]
+        m = models.init(cfg, jax.random.key(0), dtype=jax.numpy.bfloat16,
+                        param_dtype=jax.numpy.float32, scan_layers=True)
+        eos = tuple(range(cfg.vocab_size // 64))
+        return m, eos, cfg.vocab_size - 1, (len(eos), cfg.vocab_size - 1)
     cfg = models.Qwen3Config(vocab_size=256, hidden_size=128, intermediate_size=256,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                              head_dim=32, initializer_range=0.05)
-    m = models.init(cfg, jax.random.key(0))
-    b, g, n, chunk, p, pad = 16, 8, 256, 4, 16, 1
+    return models.init(cfg, jax.random.key(0)), (0,), 1, (4, 256)
+
+
+def skewed(steps: int, kind: str = "small") -> dict:
+    m, eos, pad, (low, high) = _skewed_model(kind)
+    cfg = m.config
+    b, g, n, chunk, p = 16, 8, 256, 4, 16
     rng = np.random.default_rng(0)
-    records = [{"q": " ".join(map(str, rng.integers(4, 256, rng.integers(4, p + 1))))}
+    records = [{"q": " ".join(map(str, rng.integers(low, high, rng.integers(4, p + 1))))}
                for _ in range(b * (steps + 4) * 2)]
     mesh = sharding.make_mesh(data=1, devices=jax.devices()[:1])
-    kw = dict(eos_ids=(0,), pad_id=pad, mesh=mesh)
+    kw = dict(eos_ids=eos, pad_id=pad, mesh=mesh)
     slots = chunk * g
 
     def collector():
@@ -144,18 +167,19 @@ def skewed(steps: int) -> dict:
     one = sampling.generate_fn(cfg, m.options, max_new_tokens=n, num_samples=g,
                                compact=False, **kw)
     ref = refill.refill_fn(cfg, m.options, slots=slots, max_new_tokens=n, num_samples=g, **kw)
-    rows = {"today": run_plain(one, m.params, draw_fn(), key, steps, chunk, slots, n),
-            "refill": run_plain(ref, m.params, draw_fn(), key, steps, None, slots, n)}
+    with jax.set_mesh(mesh):
+        rows = {"today": run_plain(one, m.params, draw_fn(), key, steps, chunk, slots, n),
+                "refill": run_plain(ref, m.params, draw_fn(), key, steps, None, slots, n)}
     for label, on in (("partial", False), ("refill + partial", True)):
         rollout = _rollout(b, g, n, p, chunk, on)
         make = refill.refill_fn if on else sampling.generate_fn
         extra = dict(slots=slots) if on else dict(compact=False)
         first, sampler = (make(cfg, m.options, max_new_tokens=n // 4, num_samples=s, **kw,
                                **extra) for s in (g, 1))
-        flight = _flight(rollout, mesh, first, sampler, (0,), pad)
+        flight = _flight(rollout, mesh, first, sampler, eos, pad)
         rows[label] = run_partial(flight, collector(), m.params, key, steps)
-    return {"workload": "skewed", "rows": b * g, "slots": slots, "max_new_tokens": n,
-            "steps": steps, **rows}
+    return {"workload": f"skewed ({kind} model)", "rows": b * g, "slots": slots,
+            "max_new_tokens": n, "steps": steps, **rows}
 
 
 def arith_long(steps: int) -> dict:
@@ -204,14 +228,15 @@ def report(row: dict) -> str:
         f = row[label]
         lines.append(
             f"  {label:16s}: {f['decode_steps']:7.0f} decode steps, {f['slot_steps']:8.0f} "
-            f"slot-steps, {f['wasted']:7.0f} wasted ({f['wasted'] / f['slot_steps']:.0%}), "
-            f"{f['tokens']:7.0f} tokens decoded, policy lag {f['policy_lag']:.2f}, "
-            f"{f['wall_s']:.2f} s")
+            f"slot-steps, {f['wasted']:7.0f} wasted "
+            f"({f['wasted'] / max(f['slot_steps'], 1):.0%}), {f['tokens']:7.0f} tokens "
+            f"decoded, policy lag {f['policy_lag']:.2f}, {f['wall_s']:.2f} s")
         if label != "today":
             lines.append(
-                f"    today / {label}: decode steps {t['decode_steps'] / f['decode_steps']:.2f}x,"
-                f" wasted slot-steps {t['wasted'] / max(f['wasted'], 1):.2f}x, wall "
-                f"{t['wall_s'] / f['wall_s']:.2f}x")
+                f"    today / {label}: decode steps "
+                f"{t['decode_steps'] / max(f['decode_steps'], 1):.2f}x, wasted slot-steps "
+                f"{t['wasted'] / max(f['wasted'], 1):.2f}x, wall "
+                f"{t['wall_s'] / max(f['wall_s'], 1e-9):.2f}x")
     return "\n".join(lines)
 
 
@@ -219,12 +244,20 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--workload", choices=("skewed", "arith_long", "all"), default="all")
+    parser.add_argument("--model", choices=("small", "0.6b"), default="small",
+                        help="the skewed workload's model")
+    parser.add_argument("--json", default="", help="also write the figures here")
     args = parser.parse_args(argv)
-    print(f"host: {host.cpu_model()}, jax {jax.__version__}, {jax.default_backend()}",
-          flush=True)
-    for name, fn in (("skewed", skewed), ("arith_long", arith_long)):
+    where = {"host": host.cpu_model(), "jax": jax.__version__,
+             "backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
+    print(", ".join(f"{k}: {v}" for k, v in where.items()), flush=True)
+    rows = []
+    for name, fn in (("skewed", lambda s: skewed(s, args.model)), ("arith_long", arith_long)):
         if args.workload in (name, "all"):
-            print(report(fn(args.steps)), flush=True)
+            rows.append(fn(args.steps))
+            print(report(rows[-1]), flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps({**where, "rows": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
