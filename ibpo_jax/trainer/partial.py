@@ -249,7 +249,8 @@ class InFlight:
             "policy_lag": float(lag.sum() / max(mask.sum(), 1)),
             "policy_lag_max": float(lag.max(initial=0)),
             "partial_rounds": float(rounds),
-            "partial_rows_carried": float((~self.flight.done).sum()),
+            # rows left mid-response (a prompt topped up at a step without rounds: not yet)
+            "partial_rows_carried": float((~self.flight.done & (self.flight.lengths > 0)).sum()),
             "partial_rows_waiting": float(self.flight.done.sum()),
             "decode_steps": float(counts["decode_steps"]),
             "slot_steps": float(counts["slot_steps"]),
