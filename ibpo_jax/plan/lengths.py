@@ -11,7 +11,8 @@ call, `sample_chunk` x G):
 - ``refill``: every slot busy: a row that ends hands its slot to the next waiting row (list
   scheduling in queue order), so the step takes about total tokens / slots steps;
 - ``partial``: partial rollouts as built (trainer/partial.py), with refill: 2B prompts in
-  flight decode in rounds of max_new_tokens / 4 tokens a row (each round one refill call), and
+  flight decode in rounds of max_new_tokens / 4 tokens a row (each round a refill call of the
+  fresh prompts' rows and one of the carried rows), and
   the step ends after the first round with B whole groups finished; the other rows carry over
   into the next step. The mean over a run in steady state (`PARTIAL_STEPS` steps, the first
   left out); the carried rows' prompts and prefixes each round re-encodes are counted
@@ -129,10 +130,11 @@ def refill(lengths: np.ndarray, slots: int) -> dict:
 
 def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: int,
             in_flight: int, prompt_len: int = 0, steps: int = PARTIAL_STEPS) -> dict:
-    """Partial rollouts as built (trainer/partial.py), each round one refill call: `in_flight`
-    groups of `group_size` rows (the step's groups of `lengths`, over again); each round every
+    """Partial rollouts as built (trainer/partial.py), with refill: `in_flight` groups of
+    `group_size` rows (the step's groups of `lengths`, over again); each round every
     unfinished row decodes up to `round_tokens` tokens (its first from the round's prefill of
-    prompt + prefix, as any prompt's), the round's rows refilled on `slots` slots; the step
+    prompt + prefix, as any prompt's), a refill call on `slots` slots for the fresh prompts'
+    rows and one for the carried rows; the step
     ends after the first round with B = len(lengths) / group_size groups finished and learns
     the B oldest. Mean per step over steps 2..`steps`; also the tokens the rounds re-encode
     (`reencoded_tokens`: each carried row's prompt of `prompt_len` tokens and its prefix; a
@@ -152,13 +154,14 @@ def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: i
         stop = busy = reencoded = 0
         while (rest == 0).all(axis=1).sum() < b:
             live = rest > 0
-            take = np.minimum(rest[live], round_tokens)
-            stop += int(_refill(take - 1, slots)[1].max(initial=0))
-            busy += int((take - 1).sum())
             carried = live & (sofar > 0)
+            for rows in (live & ~carried, carried):  # a call of fresh rows, one of carried
+                take = np.minimum(rest[rows], round_tokens)
+                stop += int(_refill(take - 1, slots)[1].max(initial=0))
+                busy += int((take - 1).sum())
             reencoded += int(sofar[carried].sum()) + prompt_len * int(carried.sum())
-            rest[live] -= take
-            sofar[live] += take
+            take = np.minimum(rest, round_tokens) * live
+            rest, sofar = rest - take, sofar + take
         finished = np.flatnonzero((rest == 0).all(axis=1))[:b]
         rest, sofar = np.delete(rest, finished, axis=0), np.delete(sofar, finished, axis=0)
         per_step.append((stop, busy, reencoded))
