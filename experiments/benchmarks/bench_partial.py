@@ -16,7 +16,8 @@ start, and the compiles). Samplers, with `slots` = sample_chunk x G rows decodin
 - ``partial`` (`rollout.partial`, trainer/partial.py): 2B prompts in flight, decoded in rounds
   of max_new_tokens / 4 tokens a row, in calls of `slots` rows; the step ends after the first
   round with B whole groups finished, the rest carried over;
-- ``refill + partial``: the same, each round one refill call over the unfinished rows.
+- ``refill + partial``: the same, each round a refill call over the fresh prompts' rows and one
+  over the carried rows.
 
 Counts: a slot-step is one slot for one decode step; a wasted one decodes no token of a row the
 step keeps (a finished row's slot while its call runs on, an empty slot, a filler row). Today's

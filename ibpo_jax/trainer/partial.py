@@ -14,16 +14,16 @@ log-prob of the policy that sampled it, which the update takes as π_old of its 
 
 Why rounds of T tokens, each re-encoding the prefixes, and not one decode loop stopped
 mid-flight: a round is calls of the run's sampler (sampling.generate_fn in calls of C =
-sample_chunk x G rows, or with rollout.refill one refill call on C slots) over the unfinished
-rows as prompts of their own, so without refill only one call's key/value cache is ever held,
-as without partial rollouts (the cache of all K x G rows at once is what sample_chunk exists to
-avoid; with refill, its prompt store holds every unfinished row's prompt + prefix, whose memory
-the plan does not yet count), and every round has fixed shapes ([C, P + M] prompts, M a
-multiple of T below N; T new tokens) and reuses its compiled programs. A row's length stays a
-multiple of T until it ends, and T divides max_new_tokens, so no row is cut inside a round.
-The cost: each round re-encodes the prefixes (the plan prices it at the prefill's rate,
-`plan.lengths.partial`), and a round runs on up to T - 1 decode steps past the point where B
-groups were finished.
+sample_chunk x G rows, or with rollout.refill a refill call on C slots) over the unfinished rows
+as prompts of their own (a fresh prompt's first round: its G rows from one encoding), so without
+refill only one call's key/value cache is ever held, as without partial rollouts (the cache of
+all K x G rows at once is what sample_chunk exists to avoid; with refill, its prompt store holds
+every unfinished row's prompt + prefix, which the plan counts), and every round has fixed shapes
+([C, P + M] prompts, M a multiple of T below N; T new tokens) and reuses its compiled programs.
+A row's length stays a multiple of T until it ends, and T divides max_new_tokens, so no row is
+cut inside a round. The cost: each round re-encodes the prefixes (the plan prices it at the
+prefill's rate, `plan.lengths.partial`), and a round runs on up to T - 1 decode steps past the
+point where B groups were finished.
 
 Resume. The flight (its records' indices, prompts, tokens, log-probs, steps and lengths) is
 part of every checkpoint (`saved` / `restored`, the checkpoint's .npz); the data position is
