@@ -44,6 +44,7 @@ import numpy as np
 
 from experiments import host
 from ibpo_jax import models
+from ibpo_jax.config.sections import RolloutConfig
 from ibpo_jax.plan import lengths as plan_lengths
 from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import refill, sampling
@@ -78,6 +79,12 @@ def run_partial(flight: partial.InFlight, collector, params, key, steps: int) ->
         rows.append((m["decode_steps"], m["slot_steps"], m["wasted_slot_steps"],
                      m["slot_steps"] - m["wasted_slot_steps"], m["policy_lag"],
                      time.perf_counter() - t0))
+    return _steady(rows)
+
+
+def _steady(rows: list[tuple]) -> dict:
+    """The mean per step of (decode steps, slot-steps, wasted, tokens, lag, wall) rows over
+    steps 2.. (step 1: a cold start and the compiles)."""
     mean = np.mean(rows[1:], axis=0)
     return dict(zip(("decode_steps", "slot_steps", "wasted", "tokens", "policy_lag", "wall_s"),
                     map(float, mean)))
@@ -106,16 +113,14 @@ def run_plain(fn, params, draw, key, steps: int, chunk: int, slots: int, n: int)
             counts = (c["decode_steps"], c["slot_steps"], c["wasted_slot_steps"])
         wall = time.perf_counter() - t0
         rows.append((*counts, int(lengths.sum()) - len(lengths), 0.0, wall))
-    mean = np.mean(rows[1:], axis=0)
-    return dict(zip(("decode_steps", "slot_steps", "wasted", "tokens", "policy_lag", "wall_s"),
-                    map(float, mean)))
+    return _steady(rows)
 
 
 def _rollout(b, g, n, p, chunk, refill_on):
-    t = n // 4
-    r = types.SimpleNamespace(prompts_per_step=b, group_size=g, prompts_in_flight=2 * b,
-                              max_new_tokens=n, round_tokens=t, max_prompt_len=p,
-                              sample_chunk=chunk, refill=refill_on)
+    """A run config's stand-in holding the rollout section partial rollouts read (defaults:
+    rounds of n / 4 tokens, 2b prompts in flight)."""
+    r = RolloutConfig(prompts_per_step=b, group_size=g, max_new_tokens=n, max_prompt_len=p,
+                      sample_chunk=chunk, refill=refill_on, partial=True)
     return types.SimpleNamespace(rollout=r)
 
 

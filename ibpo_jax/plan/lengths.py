@@ -155,12 +155,11 @@ def partial(lengths: np.ndarray, slots: int, *, group_size: int, round_tokens: i
         while (rest == 0).all(axis=1).sum() < b:
             live = rest > 0
             carried = live & (sofar > 0)
+            take = np.minimum(rest, round_tokens)  # 0 on finished rows
             for rows in (live & ~carried, carried):  # a call of fresh rows, one of carried
-                take = np.minimum(rest[rows], round_tokens)
-                stop += int(_refill(take - 1, slots)[1].max(initial=0))
-                busy += int((take - 1).sum())
+                stop += int(_refill(take[rows] - 1, slots)[1].max(initial=0))
+                busy += int((take[rows] - 1).sum())
             reencoded += int(sofar[carried].sum()) + prompt_len * int(carried.sum())
-            take = np.minimum(rest, round_tokens) * live
             rest, sofar = rest - take, sofar + take
         finished = np.flatnonzero((rest == 0).all(axis=1))[:b]
         rest, sofar = np.delete(rest, finished, axis=0), np.delete(sofar, finished, axis=0)

@@ -60,10 +60,10 @@ def sampler(cfg: Any, model: Any, options: Any, tokenizer: Any, mesh: Any, *,
     per prompt, `max_new_tokens` (partial rollouts' rounds) in place of the settings'.
     `refill_slots` (the step's rollout with rollout.refill): decoding sample_chunk x
     group_size slots refilled from the call's queue of rows (`refill.refill_fn`)."""
-    kwargs = {**cfg.sampling(evaluation=evaluation), **(
-        {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens})}
-    kwargs = dict(**kwargs, num_samples=num_samples,
+    kwargs = dict(cfg.sampling(evaluation=evaluation), num_samples=num_samples,
                   eos_ids=tuple(tokenizer.eos_ids), pad_id=tokenizer.pad_id, mesh=mesh)
+    if max_new_tokens is not None:
+        kwargs["max_new_tokens"] = max_new_tokens
     if refill_slots:
         slots = cfg.rollout.sample_chunk * cfg.rollout.group_size
         return refill.refill_fn(model, options, slots=slots, **kwargs)
