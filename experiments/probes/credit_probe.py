@@ -54,18 +54,40 @@ PEER_STEPS = "any peer's step: peer_steps"
 # Monte-Carlo labels (`methods.prm.labels`). It reads the reward, never the checker's step.
 COMPLETIONS = 8
 COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
+# Both checker-free signals err almost only early (a right step no correct peer took, a right
+# prefix none of the continuations happened to finish right), and each "right" either sees is
+# evidence: a correct peer took the step, or a continuation of the prefix was judged right. So
+# the step after the last prefix either vouches for is a first error at least as late as both.
+COMPLETION_LAST = f"the policy's completions ({COMPLETIONS} a prefix): after the last right one"
+MORE_COMPLETIONS = 32  # the same union with 4x the samples: how far more sampling moves it
+VOUCHED = {k: f"peer_steps or the policy's completions ({k} a prefix): after the last "
+              "prefix either vouches for" for k in (COMPLETIONS, MORE_COMPLETIONS)}
 
 
 def signal_names() -> list[str]:
-    return [f"{rule}: {peer}" for rule in ALIGNMENTS
-            for peer in (*OPERATORS, "majority of peers", "oracle peer")] + [PEER_STEPS,
-                                                                           COMPLETION]
+    return ([f"{rule}: {peer}" for rule in ALIGNMENTS
+             for peer in (*OPERATORS, "majority of peers", "oracle peer")]
+            + [PEER_STEPS, COMPLETION, COMPLETION_LAST, *VOUCHED.values()])
 
 
-def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows: np.ndarray,
-                            key: jax.Array) -> np.ndarray:
-    """[len(rows)] the first step end (a line index) of responses `rows` from which no sampled
-    continuation is right: Monte-Carlo labels of every step prefix, the first labelled 0."""
+def first_none_right(labels: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """[n] the first valid step prefix whose Monte-Carlo label is 0 (labels, valid [n, S]; the
+    last step is the response itself, judged wrong), S where there is none."""
+    dead = valid & (labels == 0)
+    return np.where(dead.any(1), dead.argmax(1), dead.shape[1]).astype(np.int64)
+
+
+def after_last_right(labels: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """[n] one past the last valid step prefix some continuation completed right (labels > 0),
+    0 where none did: every step up to it is right as far as a right completion can tell."""
+    alive = valid & (labels > 0)
+    return np.max(np.where(alive, np.arange(alive.shape[1]) + 1, 0), axis=1).astype(np.int64)
+
+
+def completion_labels(trainer: loop.Trainer, batch: base_probe.Batch, rows: np.ndarray,
+                      key: jax.Array, num_completions: int) -> tuple[np.ndarray, np.ndarray]:
+    """(labels, valid) [len(rows), S]: Monte-Carlo labels of every step prefix of responses
+    `rows` (`num_completions` continuations of each), as `methods.prm.labels` computes them."""
     from ibpo_jax.methods.prm import labels
     from ibpo_jax.sampler import sampling
 
@@ -76,7 +98,8 @@ def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows
     complete = sampling.generate_fn(
         trainer.parts.base.config, trainer.parts.base.options, max_new_tokens=r.max_new_tokens,
         temperature=r.temperature, eos_ids=tuple(trainer.parts.tokenizer.eos_ids),
-        pad_id=trainer.parts.tokenizer.pad_id, num_samples=COMPLETIONS, mesh=trainer.parts.mesh)
+        pad_id=trainer.parts.tokenizer.pad_id, num_samples=num_completions,
+        mesh=trainer.parts.mesh)
 
     def judge(m, tokens, lengths):
         recs = [batch.records[int(rows[i]) // g] for i in m]
@@ -86,11 +109,10 @@ def completion_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, rows
         mc = labels.monte_carlo_labels(
             generate=complete, params=trainer.policy, prompt=prompt, prompt_len=prompt_len,
             response=response, response_len=response_len, is_delim=trainer.parts.tokenizer.is_delim,
-            judge=judge, num_completions=COMPLETIONS, max_steps=response.shape[1],
+            judge=judge, num_completions=num_completions, max_steps=response.shape[1],
             max_prompt_len=r.max_prompt_len + r.max_new_tokens,
             pad_id=trainer.parts.tokenizer.pad_id, key=key)
-    dead = mc.valid & (mc.labels == 0)  # the whole response's own step: judged wrong
-    return np.where(dead.any(1), dead.argmax(1), dead.shape[1]).astype(np.int64)
+    return mc.labels, mc.valid
 
 
 @jax.jit
@@ -167,9 +189,16 @@ def count_batch(trainer: loop.Trainer, batch: base_probe.Batch, key: jax.Array |
     counts[PEER_STEPS] = [int(np.sum(found == t)), int(np.sum(found < t)),
                           int(np.sum(found > t)), int(t.size)]
     if batch.records is not None and key is not None:
-        found = completion_first_errors(trainer, batch, np.flatnonzero(scored), key)
-        counts[COMPLETION] = [int(np.sum(found == t)), int(np.sum(found < t)),
-                              int(np.sum(found > t)), int(t.size)]
+        rows, signals = np.flatnonzero(scored), {}
+        for k in (COMPLETIONS, MORE_COMPLETIONS):
+            labels, valid = completion_labels(trainer, batch, rows, key, k)
+            if k == COMPLETIONS:
+                signals[COMPLETION] = first_none_right(labels, valid)
+                signals[COMPLETION_LAST] = after_last_right(labels, valid)
+            signals[VOUCHED[k]] = np.maximum(found, after_last_right(labels, valid))
+        for name, f in signals.items():
+            counts[name] = [int(np.sum(f == t)), int(np.sum(f < t)), int(np.sum(f > t)),
+                            int(t.size)]
     return counts
 
 
@@ -252,6 +281,11 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
     if COMPLETION in names:  # no peer needed: the policy's own continuations of each prefix
         why += (f"; the policy's completions ({COMPLETIONS} a step prefix, the first prefix "
                 f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
+    if all(v in names for v in VOUCHED.values()):  # the union of the two checker-free signals
+        why += (f"; the step after the last prefix `peer_steps` or a completion vouches for "
+                f"finds it for {rate(VOUCHED[COMPLETIONS]):.1f} % with {COMPLETIONS} "
+                f"completions a prefix and {rate(VOUCHED[MORE_COMPLETIONS]):.1f} % with "
+                f"{MORE_COMPLETIONS}")
     from experiments.reports import report  # (report does not import the probes)
 
     lines += ["", f"**Measured:** {why}.", "",

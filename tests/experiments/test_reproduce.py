@@ -46,7 +46,8 @@ def test_every_item_writes_a_parsable_result(smoke_out, name):
         rows = [line for line in md.splitlines() if line.startswith("| lcs: ")
                 or line.startswith("| prefix: ")]
         assert len(rows) == 10 and all(re.search(r"\| \d+\.\d ± \d+\.\d \|", r) for r in rows)
-        for name in (credit_probe.PEER_STEPS, credit_probe.COMPLETION):  # issue 57's signals
+        for name in (credit_probe.PEER_STEPS, credit_probe.COMPLETION,  # issue 57's signals
+                     credit_probe.COMPLETION_LAST, *credit_probe.VOUCHED.values()):
             assert re.search(rf"^\| {re.escape(name)} \| \d+\.\d ± \d+\.\d \|", md, re.M)
         assert (out / "arith" / "credit.png").stat().st_size > 1000
         assert (out / "runs" / "arith" / "credit_s0.json").exists()
