@@ -27,6 +27,7 @@ import statistics
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import items as items_lib
@@ -34,7 +35,9 @@ from experiments.host import cpu_model, git_commit
 from experiments.probes import base_probe
 from ibpo_jax import config
 from ibpo_jax.core import comparison
-from ibpo_jax.trainer import batching, credit, loop, step_labels
+from ibpo_jax.core.units import step_budget
+from ibpo_jax.runtime import sharding
+from ibpo_jax.trainer import batching, credit, loop, step_labels, vouch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,12 +59,13 @@ COMPLETIONS = 8
 COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
 # Both checker-free signals err almost only early (a right step no correct peer took, a right
 # prefix none of the continuations happened to finish right), and each "right" either sees is
-# evidence: a correct peer took the step, or a continuation of the prefix was judged right. So
-# the step after the last prefix either vouches for is a first error at least as late as both.
+# evidence. So the step after the last prefix either vouches for is a first error at least as
+# late as both: the `vouched_steps` operator (trainer/vouch.py), measured as it runs in
+# training with its default and with 4x the continuations.
 COMPLETION_LAST = f"the policy's completions ({COMPLETIONS} a prefix): after the last right one"
-MORE_COMPLETIONS = 32  # the same union with 4x the samples: how far more sampling moves it
-VOUCHED = {k: f"peer_steps or the policy's completions ({k} a prefix): after the last "
-              "prefix either vouches for" for k in (COMPLETIONS, MORE_COMPLETIONS)}
+MORE_COMPLETIONS = 32
+VOUCHED = {k: f"vouched_steps ({k} completions a prefix): after the last step a peer or a "
+              "completion vouches for" for k in (COMPLETIONS, MORE_COMPLETIONS)}
 
 
 def signal_names() -> list[str]:
@@ -122,19 +126,50 @@ def _peer_steps(units, n_units, correct):
         u, n, c, operator="peer_steps"))(units, n_units, correct).first_error
 
 
+def with_canonical_ids(trainer: loop.Trainer, rollout: credit.Rollout, slots: int
+                       ) -> credit.Rollout:
+    """`rollout` with the task's canonical step ids, as `step_labels.label` adds them in
+    training (unchanged for a task without a canonical form)."""
+    canonical = trainer.parts.task.canonical_step
+    if canonical is None:
+        return rollout
+    response, lengths = (np.asarray(x) for x in (rollout.response, rollout.response_len))
+    texts = batching.decode_responses(trainer.parts.tokenizer, response, lengths)
+    ids, count = step_labels.canonical_ids(texts, canonical, slots)
+    return rollout._replace(step_ids=ids, step_ids_len=count)
+
+
 def peer_step_units(trainer: loop.Trainer, rollout: credit.Rollout, u: comparison.Units
                     ) -> np.ndarray:
     """[N, U] the units `peer_steps` compares in training (`step_labels.label`, then
     `credit.compared_units`): the task's canonical step ids, hashed steps where it has none."""
-    canonical = trainer.parts.task.canonical_step
-    if canonical is None:
-        return np.asarray(u.units)
-    response, lengths = (np.asarray(x) for x in (rollout.response, rollout.response_len))
-    texts = batching.decode_responses(trainer.parts.tokenizer, response, lengths)
-    ids, count = step_labels.canonical_ids(texts, canonical, u.units.shape[1])
     units, _ = credit.compared_units(config.IbpoConfig(operator="peer_steps"),
-                                     rollout._replace(step_ids=ids, step_ids_len=count), u)
+                                     with_canonical_ids(trainer, rollout, u.units.shape[1]), u)
     return np.asarray(units)
+
+
+def vouched_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, key: jax.Array,
+                         completions: int) -> np.ndarray:
+    """[N] the `vouched_steps` operator's first errors, computed as training computes them
+    (trainer/vouch.py: canonical ids, peers' first errors, `completions` continuations of each
+    prefix that can move them, sampled by the base policy with the rollout's settings)."""
+    parts, r = trainer.parts, trainer.parts.cfg.rollout
+    ibpo = config.IbpoConfig(operator="vouched_steps", completions=completions)
+    width = batch.rollout.response.shape[1]
+    rollout = with_canonical_ids(trainer, batch.rollout, step_budget(width, None, "credit"))
+    v = vouch.Vouch(batching.sampler(parts.cfg, parts.base.config, parts.base.options,
+                                     parts.tokenizer, parts.mesh, num_samples=completions),
+                    ibpo, r.group_size, np.asarray(parts.tokenizer.is_delim),
+                    r.max_prompt_len + r.max_new_tokens, r.prompts_per_step,
+                    parts.tokenizer.pad_id)
+    labelled, _, _ = vouch.label(
+        v, rollout, records=batch.records, params=trainer.policy, key=key,
+        score=functools.partial(batching.score_all_rows, parts.collector.pool, parts.tokenizer),
+        mesh=parts.mesh)
+    with jax.set_mesh(parts.mesh):
+        first, _ = vouch.peer_first(labelled, jnp.asarray(v.is_delim), ibpo=ibpo,
+                                    g=r.group_size)
+    return np.maximum(sharding.host_array(first), sharding.host_array(labelled.step_vouched))
 
 
 @functools.partial(jax.jit, static_argnames="alignment")
@@ -189,13 +224,12 @@ def count_batch(trainer: loop.Trainer, batch: base_probe.Batch, key: jax.Array |
     counts[PEER_STEPS] = [int(np.sum(found == t)), int(np.sum(found < t)),
                           int(np.sum(found > t)), int(t.size)]
     if batch.records is not None and key is not None:
-        rows, signals = np.flatnonzero(scored), {}
-        for k in (COMPLETIONS, MORE_COMPLETIONS):
-            labels, valid = completion_labels(trainer, batch, rows, key, k)
-            if k == COMPLETIONS:
-                signals[COMPLETION] = first_none_right(labels, valid)
-                signals[COMPLETION_LAST] = after_last_right(labels, valid)
-            signals[VOUCHED[k]] = np.maximum(found, after_last_right(labels, valid))
+        labels, valid = completion_labels(trainer, batch, np.flatnonzero(scored), key,
+                                          COMPLETIONS)
+        signals = {COMPLETION: first_none_right(labels, valid),
+                   COMPLETION_LAST: after_last_right(labels, valid)}
+        for k, name in VOUCHED.items():
+            signals[name] = vouched_first_errors(trainer, batch, key, k)[scored.reshape(-1)]
         for name, f in signals.items():
             counts[name] = [int(np.sum(f == t)), int(np.sum(f < t)), int(np.sum(f > t)),
                             int(t.size)]
@@ -282,10 +316,10 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
         why += (f"; the policy's completions ({COMPLETIONS} a step prefix, the first prefix "
                 f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
     if all(v in names for v in VOUCHED.values()):  # the union of the two checker-free signals
-        why += (f"; the step after the last prefix `peer_steps` or a completion vouches for "
-                f"finds it for {rate(VOUCHED[COMPLETIONS]):.1f} % with {COMPLETIONS} "
-                f"completions a prefix and {rate(VOUCHED[MORE_COMPLETIONS]):.1f} % with "
-                f"{MORE_COMPLETIONS}")
+        why += (f"; `vouched_steps` (the step after the last prefix a correct peer's steps or "
+                f"a right completion vouch for) finds it for {rate(VOUCHED[COMPLETIONS]):.1f} "
+                f"% with {COMPLETIONS} completions a prefix and "
+                f"{rate(VOUCHED[MORE_COMPLETIONS]):.1f} % with {MORE_COMPLETIONS}")
     from experiments.reports import report  # (report does not import the probes)
 
     lines += ["", f"**Measured:** {why}.", "",

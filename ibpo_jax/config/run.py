@@ -54,6 +54,10 @@ from ibpo_jax.config.task_sections import EvalConfig, TaskConfig, WarmStartConfi
 if TYPE_CHECKING:
     import ml_collections
 
+# Operators that read labels the trainer adds to the first round only (`trainer/step_labels.py`,
+# `trainer/vouch.py`): the checker's first wrong step, the policy's completions.
+LABELLED_OPERATORS = ("checker", "vouched_steps")
+
 __all__ = [
     "MIN_TEMPERATURE", "AdvantageConfig", "CancellationConfig", "ConfigError",
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LoggingConfig", "LossConfig", "MeshConfig",
@@ -157,6 +161,10 @@ class CoreConfig(Section):
         if rounds and self.rollout.dynamic_sampling:  # its filler rows would enter the round
             raise ConfigError("config.rollout.dynamic_sampling=True: not with the extra round "
                               f"of {rounds[0].switch}")
+        if rounds and self.ibpo.operator in LABELLED_OPERATORS:  # its rows carry no labels
+            raise ConfigError(f"config.ibpo.operator={self.ibpo.operator!r} reads labels only "
+                              f"the first round has: not with the extra round of "
+                              f"{rounds[0].switch}")
         for name in self.methods:
             METHODS.get(name).check(self)
 

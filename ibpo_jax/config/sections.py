@@ -232,7 +232,8 @@ class IbpoConfig(Section):
     operator: str = "lcs_first_error"
     """registry.OPERATORS name; "terminal" = the plain base optimizer (φ = 0); "checker" = the
     oracle (the task checker's first wrong step, arith and countdown); "peer_steps" = the
-    first step no correct peer took, in the task's canonical form."""
+    first step no correct peer took, in the task's canonical form; "vouched_steps" = the step
+    after the last prefix a correct peer's steps or a right completion vouch for."""
     granularity: str = "step"
     """Comparison units: "step" (hashed lines) or "token"."""
     max_units: int = 0
@@ -247,6 +248,9 @@ class IbpoConfig(Section):
     """How a wrong response is aligned to the correct ones: "lcs" or "prefix"."""
     reduce: str = "max"
     """How the scores against the group's correct responses combine: "max" or "mean"."""
+    completions: int = 8
+    """"vouched_steps": continuations the policy samples from each step prefix it tests; each
+    is a trajectory of the budget (trainer/vouch.py)."""
     correction_rollouts: bool = False
     """Appendix B's correction stage (DESIGN §6): each wrong response with a correct peer gets
     one corrected output, trained on as extra samples; each costs 1.2 trajectories."""
@@ -259,6 +263,10 @@ class IbpoConfig(Section):
         self._one_of("credit", ("sequence", "token"))
         self._one_of("alignment", ("lcs", "prefix"))
         self._one_of("reduce", ("max", "mean"))
+        self._positive("completions")
+        self._require("granularity", self.operator != "vouched_steps"
+                      or self.granularity == "step",
+                      'must be "step" with config.ibpo.operator="vouched_steps"')
 
 
 @dataclasses.dataclass(frozen=True)

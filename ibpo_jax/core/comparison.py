@@ -346,18 +346,10 @@ def phi_checker(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
     return _prefix_phi(jnp.where(truth >= 0, truth, n_units), n_units, correct, units.shape[1])
 
 
-@OPERATORS.register("peer_steps")
-def phi_peer_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
-                   alignment: str = "lcs", reduce: str = "max") -> Phi:
-    """e_i = the first unit of u_i that NO correct response of the group contains, anywhere
-    (issue 57): a step counts as right when any correct peer took it, in any order, so a wrong
-    response that took a right path of its own up to its mistake is not cut at the first step
-    where it leaves one peer's sequence (LCS). With a task's canonical step ids
-    (`Task.canonical_step`: e.g. countdown's commutative operands sorted) equal steps written
-    differently match too. φ and Δ as `lcs_first_error`'s (`_prefix_phi`); no single peer is
-    read (best_match -1), so `alignment` and `reduce` do not apply. Cost: one sort of the
-    group's G·U units and G·U binary searches."""
-    del alignment, reduce
+def peer_first_errors(units: jax.Array, n_units: jax.Array, correct: jax.Array) -> jax.Array:
+    """[G] int32: the first unit of each u_i that NO correct response of the group contains,
+    anywhere (n_i when every unit is some correct peer's). units [G, U], n_units [G], correct
+    [G]. Cost: one sort of the group's G·U units and G·U binary searches."""
     g, n_slots = units.shape
     slot = jnp.arange(n_slots)[None, :]
     in_unit = slot < n_units[:, None]  # [G, U]
@@ -371,25 +363,62 @@ def phi_peer_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
     at = jnp.clip(jnp.searchsorted(keys, flat, side="left"), 0, flat.shape[0] - 1)
     taken = ((keys[at] == flat) & is_peer[at]).reshape(g, n_slots)
     miss = in_unit & ~taken
-    e = jnp.where(jnp.any(miss, 1), jnp.argmax(miss, 1), n_units)
-    return _prefix_phi(e.astype(jnp.int32), n_units, correct, n_slots)
+    return jnp.where(jnp.any(miss, 1), jnp.argmax(miss, 1), n_units).astype(jnp.int32)
 
 
-# Operators that read the checker's first wrong step (`compute_phi(truth=...)`).
+@OPERATORS.register("peer_steps")
+def phi_peer_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                   alignment: str = "lcs", reduce: str = "max") -> Phi:
+    """e_i = the first unit of u_i that no correct response of the group contains, anywhere
+    (issue 57, `peer_first_errors`): a step counts as right when any correct peer took it, in
+    any order, so a wrong response that took a right path of its own up to its mistake is not
+    cut at the first step where it leaves one peer's sequence (LCS). With a task's canonical
+    step ids (`Task.canonical_step`: e.g. countdown's commutative operands sorted) equal steps
+    written differently match too. φ and Δ as `lcs_first_error`'s (`_prefix_phi`); no single
+    peer is read (best_match -1), so `alignment` and `reduce` do not apply."""
+    del alignment, reduce
+    return _prefix_phi(peer_first_errors(units, n_units, correct), n_units, correct,
+                       units.shape[1])
+
+
+@OPERATORS.register("vouched_steps")
+def phi_vouched_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
+                      alignment: str = "lcs", reduce: str = "max",
+                      vouched: jax.Array | None = None) -> Phi:
+    """e_i = one past the last step prefix of u_i that something vouches for (issue 57):
+    max(`peer_first_errors`, v_i), v_i [G] int32 = one past the last prefix from which one of
+    the policy's sampled continuations was judged right, 0 when none (`trainer.vouch`). Both
+    signals can only show a step right, never wrong, so the later of the two is kept. φ and Δ
+    as `lcs_first_error`'s (`_prefix_phi`); no single peer is read (best_match -1)."""
+    del alignment, reduce
+    if vouched is None:
+        raise ValueError("comparison: ibpo.operator='vouched_steps' needs each response's "
+                         "completion-vouched step count (vouched)")
+    e = jnp.maximum(peer_first_errors(units, n_units, correct), jnp.asarray(vouched, jnp.int32))
+    return _prefix_phi(e, n_units, correct, units.shape[1])
+
+
+# Operators that read the checker's first wrong step (`compute_phi(truth=...)`), the policy's
+# completions (`compute_phi(vouched=...)`), and the task's canonical step ids when it has them.
 NEEDS_TRUTH = ("checker",)
+NEEDS_VOUCHED = ("vouched_steps",)
+CANONICAL = ("peer_steps", "vouched_steps")
 
 
 def compute_phi(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
                 operator: str = "lcs_first_error", alignment: str = "lcs",
-                reduce: str = "max", truth: jax.Array | None = None) -> Phi:
+                reduce: str = "max", truth: jax.Array | None = None,
+                vouched: jax.Array | None = None) -> Phi:
     """φ, Δ, first errors and best matches of ONE group (DESIGN §2); vmap for a batch.
 
     units: [G, U] int32 unit ids (from `response_units`, `split_steps` or `token_units`; give
     every unit a slot, see the module docstring), n_units: [G] int32, correct: [G] bool.
     operator: a name in `registry.OPERATORS` ("terminal", "edit_distance", "lcs",
-    "lcs_first_error", "peer_steps", "checker"); alignment: "lcs" | "prefix" (the first-error
-    rule); reduce: "max" | "mean" (over the group's correct responses); truth: [G] int32, the
-    checker's first wrong unit of each response (< 0: none), read by "checker" alone. Under
+    "lcs_first_error", "peer_steps", "vouched_steps", "checker"); alignment: "lcs" | "prefix"
+    (the first-error rule); reduce: "max" | "mean" (over the group's correct responses); truth:
+    [G] int32, the checker's first wrong unit of each response (< 0: none), read by "checker"
+    alone; vouched: [G] int32, the units a right completion vouches for, read by
+    "vouched_steps" alone. Under
     jax.vmap (units [B, G, U]) all B·G² pairs run in one kernel call.
     """
     fn = OPERATORS.get(operator, key="ibpo.operator")
@@ -397,6 +426,7 @@ def compute_phi(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
     _choice(reduce, REDUCTIONS, "ibpo.reduce")
     units, n_units, correct = map(jnp.asarray, (units, n_units, correct))
     _check_group(units, n_units, correct)
-    kw = {"truth": truth} if operator in NEEDS_TRUTH else {}
+    kw = ({"truth": truth} if operator in NEEDS_TRUTH
+          else {"vouched": vouched} if operator in NEEDS_VOUCHED else {})
     return fn(units.astype(jnp.int32), n_units.astype(jnp.int32), correct.astype(bool),
               alignment=alignment, reduce=reduce, **kw)

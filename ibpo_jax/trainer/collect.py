@@ -5,12 +5,15 @@ verifier, as the update's `Rollout` on the mesh with its packing plan.
 after; `Collector.collect` is a function of the step key, the params and the data position
 alone, so the off-policy schedule (trainer/offpolicy.py) may run it in a thread of its own.
 Its strategies: dynamic sampling's rounds and overlong shaping (trainer/dynamic.py), the step
-labels the run's operator reads (trainer/step_labels.py).
+labels the run's operator reads (trainer/step_labels.py; the policy's continuations for
+"vouched_steps": trainer/vouch.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -25,6 +28,7 @@ from ibpo_jax.runtime import sharding
 from ibpo_jax.sampler import sampling
 from ibpo_jax.trainer import batching, dynamic, packing, step
 from ibpo_jax.trainer import step_labels as labels_lib
+from ibpo_jax.trainer import vouch as vouch_lib
 from ibpo_jax.trainer.batching import PromptBatch
 
 # (params, prompts, key) -> samples on the training mesh (`offpolicy.Rollouts.generate`)
@@ -62,6 +66,7 @@ class Collector:
     pool: Any  # the verifier: rewards.RewardPool (off-policy: offpolicy.Serialized around one)
     packer: packing.Packer
     flight: Any = None  # rollout.partial: the prompts in flight (trainer/partial.py) sample
+    vouch: vouch_lib.Vouch | None = None  # ibpo.operator "vouched_steps": its continuations
 
     def collect(self, key: jax.Array, params: Any) -> Collected:
         """The step's batch: the next prompts, G samples of each under `params` and `key`,
@@ -74,8 +79,17 @@ class Collector:
                                         got.ended, got.lengths, valid=got.valid)
         rollout = labels_lib.label(rollout, got, ibpo=self.cfg.ibpo, task=self.task,
                                    tokenizer=self.tokenizer, mesh=self.mesh)
+        sampled, times = got.sampled, got.times
+        if self.vouch is not None:
+            t0 = time.perf_counter()
+            rollout, cost, more = vouch_lib.label(
+                self.vouch, rollout, records=got.records, params=params, key=key,
+                score=functools.partial(batching.score_all_rows, self.pool, self.tokenizer),
+                mesh=self.mesh)
+            sampled, stats = sampled + cost, {**stats, **more}
+            times = {**times, "time_vouch_s": time.perf_counter() - t0}
         return Collected(got.records, got.prompts, got.rows, got.infos, got.lengths, rollout,
-                         plan, got.times, got.sampled, stats)
+                         plan, times, sampled, stats)
 
     def sample(self, key: jax.Array, params: Any
                ) -> tuple[list[dict], PromptBatch, sampling.SampleOutput]:

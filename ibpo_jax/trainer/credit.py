@@ -41,13 +41,15 @@ class Rollout(NamedTuple):
     # β·KL(π_sampler ‖ π_ref) of each row, taken off R before the advantages (config
     # loss.kl_in = "reward", `step.reward_kl`; None: none). φ and the metrics read R itself.
     kl_penalty: jax.Array | None = None  # [N] float32
-    # What two operators read of the checker and the task (`step_labels`, set by the trainer
-    # only for them; the update never reads them): the checker's first wrong step, a step
-    # index (-1: none), for "checker"; the task's canonical step ids and their count, for
-    # "peer_steps".
+    # What three operators read of the checker, the task and the policy (`step_labels`,
+    # `vouch`, set by the trainer only for them; the update never reads them): the checker's
+    # first wrong step, a step index (-1: none), for "checker"; the task's canonical step ids
+    # and their count, for "peer_steps" and "vouched_steps"; the steps a right completion
+    # vouches for, for "vouched_steps".
     step_truth: jax.Array | None = None  # [N] int32
     step_ids: jax.Array | None = None  # [N, U] int32
     step_ids_len: jax.Array | None = None  # [N] int32
+    step_vouched: jax.Array | None = None  # [N] int32
 
 
 class Credit(NamedTuple):
@@ -124,12 +126,23 @@ def checker_truth(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> jax.
     return jnp.where(truth >= 0, before, -1).astype(jnp.int32)
 
 
+def vouched_steps(rollout: Rollout) -> jax.Array:
+    """[N] int32: the steps a right completion vouches for (`Rollout.step_vouched`)."""
+    if rollout.step_vouched is None:
+        raise ValueError("ibpo.operator='vouched_steps': this batch carries no completion "
+                         "labels (Rollout.step_vouched); extra rounds (corrections, SCoRe) and "
+                         "the base-policy probes do not")
+    return rollout.step_vouched.astype(jnp.int32)
+
+
 def compared_units(ibpo: IbpoConfig, rollout: Rollout, u: comparison.Units
                    ) -> tuple[jax.Array, jax.Array]:
-    """(units [N, U], [N] bool rows that fell back): the units φ compares. "peer_steps" with
-    the task's canonical step ids (`Rollout.step_ids`) compares those, except on a row whose
-    step count differs from the tokens' (`step_labels`), which keeps its hashed steps."""
-    if ibpo.operator != "peer_steps" or rollout.step_ids is None or ibpo.granularity != "step":
+    """(units [N, U], [N] bool rows that fell back): the units φ compares. "peer_steps" and
+    "vouched_steps" with the task's canonical step ids (`Rollout.step_ids`) compare those,
+    except on a row whose step count differs from the tokens' (`step_labels`), which keeps its
+    hashed steps."""
+    if (ibpo.operator not in comparison.CANONICAL or rollout.step_ids is None
+            or ibpo.granularity != "step"):
         return u.units, jnp.zeros(u.n_units.shape, bool)
     same = rollout.step_ids_len == u.n_units
     return jnp.where(same[:, None], rollout.step_ids, u.units), ~same
@@ -142,9 +155,12 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     units, fallback = compared_units(ibpo, rollout, u)
     truth = (groups(checker_truth(spec, rollout, is_delim), g)
              if ibpo.operator in comparison.NEEDS_TRUTH else None)
-    phi_out = jax.vmap(lambda units, n, c, t: comparison.compute_phi(
+    vouched = (groups(vouched_steps(rollout), g)
+               if ibpo.operator in comparison.NEEDS_VOUCHED else None)
+    phi_out = jax.vmap(lambda units, n, c, t, v: comparison.compute_phi(
         units, n, c, operator=ibpo.operator, alignment=ibpo.alignment, reduce=ibpo.reduce,
-        truth=t))(groups(units, g), groups(u.n_units, g), groups(rollout.correct, g), truth)
+        truth=t, vouched=v))(groups(units, g), groups(u.n_units, g), groups(rollout.correct, g),
+                             truth, vouched)
     phi = phi_out.phi  # [B, G]
     delta = None
     if ibpo.credit == "token" and not spec.is_ppo:  # Δ whose token mean is φ (DESIGN §2)
@@ -156,7 +172,7 @@ def credit(spec: StepSpec, rollout: Rollout, is_delim: jax.Array) -> tuple[Credi
     if rollout.kl_penalty is not None:
         metrics["kl_reward"] = live_mean(rollout.kl_penalty, rollout.valid)
     metrics["units_truncated_frac"] = live_mean(u.truncated.astype(jnp.float32), rollout.valid)
-    if rollout.step_ids is not None and ibpo.operator == "peer_steps":
+    if rollout.step_ids is not None and ibpo.operator in comparison.CANONICAL:
         metrics["canonical_fallback_frac"] = live_mean(fallback.astype(jnp.float32),
                                                        rollout.valid)
     if not spec.is_ppo:

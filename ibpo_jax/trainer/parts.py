@@ -28,6 +28,7 @@ from jax.sharding import Mesh
 from ibpo_jax import models
 from ibpo_jax import rewards as rewards_lib
 from ibpo_jax.config import RunConfig
+from ibpo_jax.core import comparison
 from ibpo_jax.data.sampler import IndexSampler
 from ibpo_jax.data.tasks import Task
 from ibpo_jax.sampler import sampling
@@ -35,6 +36,7 @@ from ibpo_jax.trainer import batching, evaluation, hooks, packing, pg_variance, 
 from ibpo_jax.trainer import collect as collect_lib
 from ibpo_jax.trainer import offpolicy as offpolicy_lib
 from ibpo_jax.trainer import partial as partial_lib
+from ibpo_jax.trainer import vouch as vouch_lib
 from ibpo_jax.trainer.run_tasks import build_tokenizer, train_and_eval_tasks
 from ibpo_jax.trainer.state import TrainState, initial_state, make_optimizer, policy_params
 
@@ -117,6 +119,19 @@ class RunParts:
             self.eval_pool.close()
 
 
+def _vouch(cfg: RunConfig, make: Callable[..., Any], mesh: Mesh, tokenizer: Any
+           ) -> vouch_lib.Vouch | None:
+    """ibpo.operator "vouched_steps": its continuations' sampler on the training mesh (`make`:
+    the run's sampler factory) and settings (trainer/vouch.py); None for the other operators."""
+    if cfg.ibpo.operator not in comparison.NEEDS_VOUCHED:
+        return None
+    r = cfg.rollout
+    return vouch_lib.Vouch(make(mesh, num_samples=cfg.ibpo.completions), cfg.ibpo,
+                           r.group_size, np.asarray(tokenizer.is_delim),
+                           r.max_prompt_len + r.max_new_tokens, r.prompts_per_step,
+                           tokenizer.pad_id)
+
+
 def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | None = None
           ) -> tuple[RunParts, TrainState]:
     """The run's parts and its initial train state, in the order they depend on each other:
@@ -154,7 +169,8 @@ def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | Non
             sampler=make(rollout_mesh, num_samples=1, refill_slots=refill, max_new_tokens=t),
             is_eos=lambda ids: np.isin(ids, tokenizer.eos_ids))
     collector = collect_lib.Collector(cfg, mesh, task, tokenizer, train_records, order,
-                                      placement.generate, pool, packer, flight)
+                                      placement.generate, pool, packer, flight,
+                                      _vouch(cfg, make, mesh, tokenizer))
     schedule = (partial_lib.Partial(placement, flight) if flight is not None
                 else offpolicy_lib.schedule(cfg.rollout, placement, order))
     parts = RunParts(

@@ -1,6 +1,7 @@
-"""Issue 57's operators on hand-built groups: `checker` (φ from the checker's first wrong step)
-and `peer_steps` (the first unit no correct peer took), against values worked by hand and
-against `lcs_first_error` where they must agree."""
+"""Issue 57's operators on hand-built groups: `checker` (φ from the checker's first wrong step),
+`peer_steps` (the first unit no correct peer took) and `vouched_steps` (the later of that and
+the completions' vouched count), against values worked by hand and against `lcs_first_error`
+where they must agree."""
 
 import jax
 import jax.numpy as jnp
@@ -88,9 +89,33 @@ def test_peer_steps_reads_correct_peers_only_inside_their_lengths():
     np.testing.assert_array_equal(out.first_error, [2, 2, 1])
 
 
-@pytest.mark.parametrize("op", ["checker", "peer_steps"])
+@jax.jit
+def _vouched(units, n, correct, vouched):
+    return C.compute_phi(units, n, correct, operator="vouched_steps", vouched=vouched)
+
+
+def test_vouched_steps_keeps_the_later_of_peers_and_completions():
+    # row 1: peers vouch for 2 steps, a completion for 3 -> e 3; row 2: peers 3, completions 1
+    # -> 3; row 3 is right and row 4 empty whatever the counts say; a count past n is capped.
+    out = _vouched(UNITS, N, CORRECT, np.array([0, 3, 1, 2, 2], np.int32))
+    np.testing.assert_array_equal(out.first_error, [4, 3, 3, 5, 0])
+    np.testing.assert_allclose(out.phi, [0, 3 / 4, 3 / 5, 0, 0])
+    np.testing.assert_array_equal(out.delta[1], [1, 1, 1, 0, 0])
+    capped = _vouched(UNITS, N, CORRECT, np.array([0, 9, 0, 0, 0], np.int32))
+    assert int(capped.first_error[1]) == 4 and float(capped.phi[1]) == 1.0
+    # No completion vouches for anything: exactly peer_steps.
+    none = _vouched(UNITS, N, CORRECT, np.zeros(5, np.int32))
+    peer = _peer(UNITS, N, CORRECT)
+    for field in ("phi", "delta", "first_error"):
+        np.testing.assert_array_equal(getattr(none, field), getattr(peer, field))
+    with pytest.raises(ValueError, match="vouched"):
+        C.compute_phi(UNITS, N, CORRECT, operator="vouched_steps")
+
+
+@pytest.mark.parametrize("op", ["checker", "peer_steps", "vouched_steps"])
 def test_degenerate_groups_never_nan(op):
-    kw = {"truth": jnp.zeros(5, jnp.int32)} if op == "checker" else {}
+    kw = ({"truth": jnp.zeros(5, jnp.int32)} if op == "checker" else
+          {"vouched": jnp.full(5, 3, jnp.int32)} if op == "vouched_steps" else {})
     for correct in (np.ones(5, bool), np.zeros(5, bool)):
         out = C.compute_phi(UNITS, N, correct, operator=op, **kw)
         np.testing.assert_array_equal(out.phi, 0)
