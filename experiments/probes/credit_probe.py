@@ -316,6 +316,7 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
         why += (f"; the policy's completions ({COMPLETIONS} a step prefix, the first prefix "
                 f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
     if all(v in names for v in VOUCHED.values()):  # the union of the two checker-free signals
+        short += f"; vouched_steps {rate(VOUCHED[COMPLETIONS]):.1f} %"
         why += (f"; `vouched_steps` (the step after the last prefix a correct peer's steps or "
                 f"a right completion vouch for) finds it for {rate(VOUCHED[COMPLETIONS]):.1f} "
                 f"% with {COMPLETIONS} completions a prefix and "

@@ -385,11 +385,12 @@ def phi_peer_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
 def phi_vouched_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, *,
                       alignment: str = "lcs", reduce: str = "max",
                       vouched: jax.Array | None = None) -> Phi:
-    """e_i = one past the last step prefix of u_i that something vouches for (issue 57):
-    max(`peer_first_errors`, v_i), v_i [G] int32 = one past the last prefix from which one of
-    the policy's sampled continuations was judged right, 0 when none (`trainer.vouch`). Both
-    signals can only show a step right, never wrong, so the later of the two is kept. φ and Δ
-    as `lcs_first_error`'s (`_prefix_phi`); no single peer is read (best_match -1)."""
+    """e_i = the first step of u_i that nothing vouches for (issue 57): max(`peer_first_errors`,
+    v_i), v_i [G] int32 = where the policy's continuations stop vouching, walking on from the
+    peers' first error (one past the last of the consecutive step prefixes from which one of
+    the sampled continuations was judged right; 0: none, `trainer.vouch`). Both signals can
+    only show a step right, never wrong, so the later is kept. φ and Δ as
+    `lcs_first_error`'s (`_prefix_phi`); no single peer is read (best_match -1)."""
     del alignment, reduce
     if vouched is None:
         raise ValueError("comparison: ibpo.operator='vouched_steps' needs each response's "

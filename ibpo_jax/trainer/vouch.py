@@ -7,15 +7,17 @@ never read the checker can: a correct peer of the group took the step
 continuations the policy samples from the prefix that ends with the step is judged right by
 the reward (a right whole response has no wrong step, so neither has its prefix). Neither shows
 a step wrong, and each misses right steps (a right path no peer took; a right prefix whose
-sampled continuations all go wrong), so the operator puts the first error after the last
-prefix either vouches for: e_i = max(peer e_i, v_i) (`comparison.phi_vouched_steps`), v_i = one
-past the last prefix with a right continuation (0: none).
+sampled continuations all go wrong), so the first error is the first step neither vouches
+for. Peers vouch for the steps before e_i (`comparison.peer_first_errors`); from there the
+continuations test the prefix ending with step e_i and, while one of them is right, the next
+(`vouched`), up to the step before the last (whose prefix is the wrong response itself).
+Where the walk stops, v_i, is the first error: `comparison.phi_vouched_steps` keeps
+max(peer e_i, v_i).
 
-Only prefixes that can move e_i are sampled: for each wrong response φ scores (a group with a
-correct one), those ending at step k with peer e_i <= k <= n_i - 2 (earlier steps are vouched
-for already; the last step's prefix is the wrong response itself). Each continuation is a
-trajectory of the rollout budget. Deterministic given the step's key and params, so a resumed
-run samples the same continuations.
+Each round is one batch of the rows still walking, so a row whose peers' first error is the
+real one costs one prefix. Each continuation is a trajectory of the rollout budget.
+Deterministic given the step's key and params, so a resumed run samples the same
+continuations.
 """
 
 from __future__ import annotations
@@ -79,47 +81,46 @@ def peer_first(rollout: credit_lib.Rollout, is_delim: jax.Array, *, ibpo: IbpoCo
     return e.reshape(-1), u.n_units
 
 
-def prefixes(first: np.ndarray, n_steps: np.ndarray, scored: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, steps) [M] of the prefixes to sample, row-major: step k of row i for every scored
-    row and first[i] <= k <= n_steps[i] - 2."""
-    rows, ks = [], []
-    for i in np.flatnonzero(scored):
-        k = np.arange(int(first[i]), int(n_steps[i]) - 1)
-        rows.append(np.full(len(k), i)), ks.append(k)
-    if not rows:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(rows).astype(np.int64), np.concatenate(ks).astype(np.int64)
-
-
 def vouched(v: Vouch, *, params: Any, prompt: np.ndarray, prompt_len: np.ndarray,
             response: np.ndarray, response_len: np.ndarray, ended: np.ndarray,
             first: np.ndarray, n_steps: np.ndarray, scored: np.ndarray,
             judge: continuations.Judge, key: jax.Array) -> tuple[np.ndarray, dict[str, float]]:
-    """(v [N] int32: one past the last sampled prefix with a right continuation, 0 when none;
-    the step's metrics). Host arrays of every row: prompt [N, P] left-padded to prompt_len,
-    response [N, R] to response_len (EOS included where `ended`); first / n_steps / scored [N]
-    (`peer_first`, the rows φ scores). judge(rows [m], tokens, lengths) -> [m] bool."""
-    rows, ks = prefixes(first, n_steps, scored)
+    """(v [N] int32: each scored row's first step at or after `first` whose prefix no sampled
+    continuation completes right, 0 for the other rows; the step's metrics). Round r samples
+    step first + r of the rows whose every earlier prefix from `first` on was vouched for, so
+    a row whose peers' first error is the real one costs one prefix. Host arrays of every row:
+    prompt [N, P] left-padded to prompt_len, response [N, R] to response_len (EOS included
+    where `ended`); first / n_steps / scored [N] (`peer_first`, the rows φ scores).
+    judge(rows [m], tokens, lengths) -> [m] bool."""
     length = response_len - ended.astype(response_len.dtype)
-    cols = {i: step_end_columns(response[i], int(length[i]), v.is_delim) for i in set(rows)}
-    pos = np.array([cols[i][k] for i, k in zip(rows, ks)], np.int64)
-    fits = prompt_len[rows] + pos + 1 <= v.width  # a longer prefix is left out, counted
-    rows, ks, pos = rows[fits], ks[fits], pos[fits]
-    out = np.zeros(len(response), np.int32)
-    if len(rows):
+    out = np.where(scored, first, 0).astype(np.int32)
+    rows = np.flatnonzero(scored & (first <= n_steps - 2))  # the last step: the row itself
+    cols = {int(i): step_end_columns(response[i], int(length[i]), v.is_delim) for i in rows}
+    sampled = dropped = rounds = 0
+    while len(rows):
+        known = np.array([out[i] < len(cols[int(i)]) for i in rows], bool)  # host = device steps
+        pos = np.array([cols[int(i)][min(out[i], len(cols[int(i)]) - 1)] for i in rows],
+                       np.int64)
+        # A longer prefix than the sampler's prompt width stops its row there (counted).
+        fits = known & (prompt_len[rows] + pos + 1 <= v.width)
+        dropped += int((~fits).sum())
+        rows, pos = rows[fits], pos[fits]
+        if not len(rows):
+            break
         prompts, lengths = continuations.prefix_prompts(prompt, prompt_len, response, rows, pos,
                                                         width=v.width, pad_id=v.pad_id)
         right = continuations.sample_fractions(
             generate=v.generate, params=params, prompts=prompts, lengths=lengths, rows=rows,
             pos=pos, response=response, judge=judge, num_completions=v.ibpo.completions,
-            chunk=v.chunk, pad_id=v.pad_id, key=key) > 0
-        np.maximum.at(out, rows[right], (ks[right] + 1).astype(np.int32))
+            chunk=v.chunk, pad_id=v.pad_id, key=jax.random.fold_in(key, rounds)) > 0
+        sampled, rounds = sampled + len(rows), rounds + 1
+        out[rows[right]] += 1
+        rows = rows[right][out[rows[right]] <= n_steps[rows[right]] - 2]
     n = max(int(scored.sum()), 1)
-    return out, {"vouch_prefixes": float(len(rows)),
-                 "vouch_completions": float(len(rows) * v.ibpo.completions),
-                 "vouch_prefixes_dropped": float((~fits).sum()),
-                 "vouch_moved_frac": float(np.sum(scored & (out > first)) / n)}
+    return np.where(scored & (out > first), out, 0).astype(np.int32), {
+        "vouch_prefixes": float(sampled), "vouch_completions": float(sampled * v.ibpo.completions),
+        "vouch_prefixes_dropped": float(dropped), "vouch_rounds": float(rounds),
+        "vouch_moved_frac": float(np.sum(scored & (out > first)) / n)}
 
 
 def label(v: Vouch, rollout: credit_lib.Rollout, *, records: Sequence[dict], params: Any,

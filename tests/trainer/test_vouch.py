@@ -28,14 +28,6 @@ def test_step_end_columns_close_each_non_empty_step():
                                   [1, 2])
 
 
-def test_prefixes_from_the_peer_first_error_to_the_step_before_the_last():
-    rows, ks = vouch.prefixes(first=np.array([1, 0, 0, 3]), n_steps=np.array([4, 3, 5, 4]),
-                              scored=np.array([True, True, False, True]))
-    # row 0: steps 1, 2 (3 is the response itself); row 1: 0, 1; row 2 not scored; row 3: none.
-    np.testing.assert_array_equal(rows, [0, 0, 1, 1])
-    np.testing.assert_array_equal(ks, [1, 2, 0, 1])
-
-
 K = 3
 
 
@@ -46,35 +38,39 @@ def _generate(params, prompts, lengths, key):
     return types.SimpleNamespace(tokens=np.tile([[7, EOS]], (n, 1)), lengths=np.full(n, 2))
 
 
-def test_vouched_counts_the_last_prefix_with_a_right_continuation():
-    # Row 0 "a\nb\nc\nd" (4 steps, peers vouch for 1): prefixes after b and after c are
-    # sampled; the judge accepts a continuation of the prefix through b only (5 tokens), so
-    # v = 2. Row 1 (peers 0, 3 steps): both prefixes' continuations judged wrong, v = 0.
-    # Row 2 is not scored: nothing sampled. Row 3's prefix with its longer prompt does not fit
-    # the width (3 + 6 > 8): dropped.
+def test_vouched_walks_on_from_the_peers_first_error_while_a_continuation_is_right():
+    # Row 0 "a\nb\nc\nd" (4 steps, peers vouch for 1): round 0 tests the prefix through b,
+    # which the judge accepts (a continuation of those 4 tokens), round 1 the prefix through c,
+    # which it does not: v = 2, two prefixes. Row 1 (peers 0, 3 steps): its first prefix is
+    # judged wrong, so the walk stops there: v = peers' 0, one prefix. Row 2 is not scored:
+    # nothing sampled. Row 3's prefix with its longer prompt does not fit the width (3 + 6 > 8):
+    # dropped. Row 4 (peers 3 of 4 steps): nothing left to test before its last step.
     response = np.array([[2, NL, 3, NL, 4, NL, 5, EOS],
                          [2, NL, 3, NL, 4, EOS, PAD, PAD],
                          [2, NL, 3, NL, 4, NL, 5, EOS],
-                         [2, 2, 2, 2, 2, NL, 3, EOS]])
-    response_len, ended = np.array([8, 6, 8, 8]), np.ones(4, bool)
-    prompt, prompt_len = np.full((4, 3), 8), np.array([2, 2, 2, 3])
+                         [2, 2, 2, 2, 2, NL, 3, EOS],
+                         [2, NL, 3, NL, 4, NL, 5, EOS]])
+    response_len, ended = np.array([8, 6, 8, 8, 8]), np.ones(5, bool)
+    prompt, prompt_len = np.full((5, 3), 8), np.array([2, 2, 2, 3, 2])
     seen = []
 
     def judge(rows, tokens, lengths):
         seen.extend(zip(rows.tolist(), lengths.tolist()))
         return (rows == 0) & (lengths == 4 + 2)  # "2 \n 3 \n" + "7 EOS", not "... 4 \n"
 
-    v = vouch.Vouch(_generate, IbpoConfig(operator="vouched_steps", completions=K), 4,
+    v = vouch.Vouch(_generate, IbpoConfig(operator="vouched_steps", completions=K), 5,
                     IS_DELIM, width=8, chunk=2, pad_id=PAD)
     out, metrics = vouch.vouched(
         v, params=None, prompt=prompt, prompt_len=prompt_len, response=response,
-        response_len=response_len, ended=ended, first=np.array([1, 0, 0, 0]),
-        n_steps=np.array([4, 3, 4, 2]), scored=np.array([True, True, False, True]), judge=judge,
-        key=jax.random.key(0))
-    np.testing.assert_array_equal(out, [2, 0, 0, 0])
-    assert {r for r, _ in seen} == {0, 1}  # row 2 not scored, row 3's prefix dropped
-    assert metrics == {"vouch_prefixes": 4.0, "vouch_completions": 4.0 * K,
-                       "vouch_prefixes_dropped": 1.0, "vouch_moved_frac": 1 / 3}
+        response_len=response_len, ended=ended, first=np.array([1, 0, 0, 0, 3]),
+        n_steps=np.array([4, 3, 4, 2, 4]), scored=np.array([True, True, False, True, True]),
+        judge=judge, key=jax.random.key(0))
+    np.testing.assert_array_equal(out, [2, 0, 0, 0, 0])
+    # Continuations of row 0 through b (4 + 2 tokens) and c (6 + 2), of row 1 through a (2 + 2).
+    assert sorted(set(seen)) == [(0, 6), (0, 8), (1, 4)]
+    assert metrics == {"vouch_prefixes": 3.0, "vouch_completions": 3.0 * K,
+                       "vouch_prefixes_dropped": 1.0, "vouch_rounds": 2.0,
+                       "vouch_moved_frac": 1 / 4}
 
 
 def test_config_refusals_are_one_line():
@@ -90,9 +86,9 @@ def test_config_refusals_are_one_line():
 def test_a_training_step_charges_the_continuations_to_the_budget(smoke_data_dir, tmp_path):
     cfg = config.load("configs/ibpo_gspo.py:smoke", [
         ("task.data_dir", str(smoke_data_dir)), ("train.steps", "1"),
-        ("ibpo.operator", "vouched_steps"), ("ibpo.completions", "2")])
+        ("ibpo.operator", "vouched_steps"), ("ibpo.completions", "8")])
     step = loop.run(cfg, workdir=tmp_path)[-1]
-    assert step["vouch_completions"] == 2 * step["vouch_prefixes"] > 0
+    assert step["vouch_completions"] == 8 * step["vouch_prefixes"] > 0
     assert step["budget_trajectories"] == cfg.rows_per_step + step["vouch_completions"]
     assert 0 < step["vouch_moved_frac"] <= 1 and step["time_vouch_s"] > 0
     assert np.isfinite(step["grad_norm"]) and 0 < step["phi_mean"] <= 1
