@@ -388,8 +388,8 @@ def phi_vouched_steps(units: jax.Array, n_units: jax.Array, correct: jax.Array, 
     """e_i = the first step of u_i that nothing vouches for (issue 57): max(`peer_first_errors`,
     v_i), v_i [G] int32 = where the policy's continuations stop vouching, walking on from the
     peers' first error (one past the last of the consecutive step prefixes from which one of
-    the sampled continuations was judged right; 0: none, `trainer.vouch`). Both signals can
-    only show a step right, never wrong, so the later is kept. φ and Δ as
+    the sampled continuations was judged right; 0: none, `trainer.vouch`). Both signals only
+    ever show a step right, never wrong, so the later is kept. φ and Δ as
     `lcs_first_error`'s (`_prefix_phi`); no single peer is read (best_match -1)."""
     del alignment, reduce
     if vouched is None:

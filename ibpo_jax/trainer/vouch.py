@@ -5,14 +5,16 @@ A step of a wrong response counts as right when something shows it right, and tw
 never read the checker can: a correct peer of the group took the step
 (`comparison.peer_first_errors`, in the task's canonical form), or one of `ibpo.completions`
 continuations the policy samples from the prefix that ends with the step is judged right by
-the reward (a right whole response has no wrong step, so neither has its prefix). Neither shows
-a step wrong, and each misses right steps (a right path no peer took; a right prefix whose
-sampled continuations all go wrong), so the first error is the first step neither vouches
-for. Peers vouch for the steps before e_i (`comparison.peer_first_errors`); from there the
-continuations test the prefix ending with step e_i and, while one of them is right, the next
-(`vouched`), up to the step before the last (whose prefix is the wrong response itself).
-Where the walk stops, v_i, is the first error: `comparison.phi_vouched_steps` keeps
-max(peer e_i, v_i).
+the reward. Where the reward passes only responses whose every step is right (`countdown`), a
+right continuation proves its prefix right; where it reads the final answer alone (`arith`), a
+right answer can follow a wrong step, and the continuations vouch less surely (`credit`
+measures both). Neither signal shows a step wrong, and each misses right steps (a right path
+no peer took; a right prefix whose sampled continuations all go wrong), so the first error is
+the first step neither vouches for. Peers vouch for the steps before e_i
+(`comparison.peer_first_errors`); from there the continuations test the prefix ending with
+step e_i and, while one of them is right, the next (`vouched`), up to the step before the last
+(whose prefix is the wrong response itself). Where the walk stops, v_i, is the first error:
+`comparison.phi_vouched_steps` keeps max(peer e_i, v_i).
 
 Each round is one batch of the rows still walking, so a row whose peers' first error is the
 real one costs one prefix. Each continuation is a trajectory of the rollout budget.
