@@ -86,9 +86,12 @@ def test_config_refusals_are_one_line():
 def test_a_training_step_charges_the_continuations_to_the_budget(smoke_data_dir, tmp_path):
     cfg = config.load("configs/ibpo_gspo.py:smoke", [
         ("task.data_dir", str(smoke_data_dir)), ("train.steps", "1"),
-        ("ibpo.operator", "vouched_steps"), ("ibpo.completions", "8")])
+        ("ibpo.operator", "vouched_steps"), ("ibpo.completions", "2")])
     step = loop.run(cfg, workdir=tmp_path)[-1]
-    assert step["vouch_completions"] == 8 * step["vouch_prefixes"] > 0
+    assert step["vouch_completions"] == 2 * step["vouch_prefixes"] > 0
     assert step["budget_trajectories"] == cfg.rows_per_step + step["vouch_completions"]
-    assert 0 < step["vouch_moved_frac"] <= 1 and step["time_vouch_s"] > 0
-    assert np.isfinite(step["grad_norm"]) and 0 < step["phi_mean"] <= 1
+    # Whether a continuation moves a first error depends on the tiny policy's samples; where
+    # they move is worked by hand above.
+    assert 0 <= step["vouch_moved_frac"] <= 1 and step["vouch_rounds"] >= 1
+    assert step["time_vouch_s"] > 0
+    assert np.isfinite(step["grad_norm"]) and 0 <= step["phi_mean"] <= 1
