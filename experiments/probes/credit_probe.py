@@ -57,11 +57,11 @@ PEER_STEPS = "any peer's step: peer_steps"
 # Monte-Carlo labels (`methods.prm.labels`). It reads the reward, never the checker's step.
 COMPLETIONS = 8
 COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
-# Both checker-free signals err almost only early (a right step no correct peer took, a right
-# prefix none of the continuations happened to finish right), and each "right" either sees is
-# evidence. So the step after the last prefix either vouches for is a first error at least as
-# late as both: the `vouched_steps` operator (trainer/vouch.py), measured as it runs in
-# training with its default and with 4x the continuations.
+# Both checker-free signals err mostly early (a right step no correct peer took, a right prefix
+# none of the continuations happened to finish right), and each "right" either sees is
+# evidence. The `vouched_steps` operator (trainer/vouch.py) joins them: from the peers' first
+# error it walks on while a continuation of the step's prefix is right. Measured as it runs in
+# training, with its default and with 4x the continuations (the labels keep their first name).
 COMPLETION_LAST = f"the policy's completions ({COMPLETIONS} a prefix): after the last right one"
 MORE_COMPLETIONS = 32
 VOUCHED = {k: f"vouched_steps ({k} completions a prefix): after the last step a peer or a "

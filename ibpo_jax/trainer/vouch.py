@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ibpo_jax.config.sections import IbpoConfig
@@ -87,8 +88,9 @@ def vouched(v: Vouch, *, params: Any, prompt: np.ndarray, prompt_len: np.ndarray
             response: np.ndarray, response_len: np.ndarray, ended: np.ndarray,
             first: np.ndarray, n_steps: np.ndarray, scored: np.ndarray,
             judge: continuations.Judge, key: jax.Array) -> tuple[np.ndarray, dict[str, float]]:
-    """(v [N] int32: each scored row's first step at or after `first` whose prefix no sampled
-    continuation completes right, 0 for the other rows; the step's metrics). Round r samples
+    """(v [N] int32: for each scored row a continuation moved past `first`, the first step
+    after it whose prefix no sampled continuation completes right; 0 for every other row, where
+    the operator keeps the peers' first error; the step's metrics). Round r samples
     step first + r of the rows whose every earlier prefix from `first` on was vouched for, so
     a row whose peers' first error is the real one costs one prefix. Host arrays of every row:
     prompt [N, P] left-padded to prompt_len, response [N, R] to response_len (EOS included
@@ -133,7 +135,7 @@ def label(v: Vouch, rollout: credit_lib.Rollout, *, records: Sequence[dict], par
     sampler is one program over the mesh); each scores a share (`score`)."""
     g = v.group_size
     with jax.set_mesh(mesh):
-        first, n_steps = peer_first(rollout, jax.numpy.asarray(v.is_delim), ibpo=v.ibpo, g=g)
+        first, n_steps = peer_first(rollout, jnp.asarray(v.is_delim), ibpo=v.ibpo, g=g)
     host = {f: sharding.host_array(getattr(rollout, f)) for f in (
         "prompt", "prompt_len", "response", "response_len", "ended", "correct")}
     correct = host["correct"].reshape(-1, g)
