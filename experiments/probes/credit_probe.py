@@ -157,11 +157,9 @@ def vouched_first_errors(trainer: loop.Trainer, batch: base_probe.Batch, key: ja
     ibpo = config.IbpoConfig(operator="vouched_steps", completions=completions)
     width = batch.rollout.response.shape[1]
     rollout = with_canonical_ids(trainer, batch.rollout, step_budget(width, None, "credit"))
-    v = vouch.Vouch(batching.sampler(parts.cfg, parts.base.config, parts.base.options,
-                                     parts.tokenizer, parts.mesh, num_samples=completions),
-                    ibpo, r.group_size, np.asarray(parts.tokenizer.is_delim),
-                    r.max_prompt_len + r.max_new_tokens, r.prompts_per_step,
-                    parts.tokenizer.pad_id)
+    v = vouch.build(ibpo, r, batching.sampler(parts.cfg, parts.base.config, parts.base.options,
+                                              parts.tokenizer, parts.mesh,
+                                              num_samples=completions), parts.tokenizer)
     labelled, _, _ = vouch.label(
         v, rollout, records=batch.records, params=trainer.policy, key=key,
         score=functools.partial(batching.score_all_rows, parts.collector.pool, parts.tokenizer),

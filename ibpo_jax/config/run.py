@@ -54,10 +54,6 @@ from ibpo_jax.config.task_sections import EvalConfig, TaskConfig, WarmStartConfi
 if TYPE_CHECKING:
     import ml_collections
 
-# Operators that read labels the trainer adds to the first round only (`trainer/step_labels.py`,
-# `trainer/vouch.py`): the checker's first wrong step, the policy's completions.
-LABELLED_OPERATORS = ("checker", "vouched_steps")
-
 __all__ = [
     "MIN_TEMPERATURE", "AdvantageConfig", "CancellationConfig", "ConfigError",
     "DiagnosticsConfig", "EvalConfig", "IbpoConfig", "LoggingConfig", "LossConfig", "MeshConfig",
@@ -129,6 +125,14 @@ class CoreConfig(Section):
             raise ConfigError(f"config.advantage.estimator={name!r} takes {kind} inputs; "
                               f"{why} needs a {needs} estimator")
 
+    def _reads_first_round_labels(self) -> bool:
+        """The operator reads labels the trainer adds to the first round only: the checker's
+        first wrong step, the policy's continuations (`comparison.NEEDS_TRUTH`,
+        `NEEDS_VOUCHED`)."""
+        from ibpo_jax.core import comparison  # jax: only when a run adds a round
+
+        return self.ibpo.operator in comparison.NEEDS_TRUTH + comparison.NEEDS_VOUCHED
+
     def check(self):
         """Checks that span sections."""
         if self.rollout.group_size < 2 and self.ibpo.operator != "terminal":
@@ -161,7 +165,7 @@ class CoreConfig(Section):
         if rounds and self.rollout.dynamic_sampling:  # its filler rows would enter the round
             raise ConfigError("config.rollout.dynamic_sampling=True: not with the extra round "
                               f"of {rounds[0].switch}")
-        if rounds and self.ibpo.operator in LABELLED_OPERATORS:  # its rows carry no labels
+        if rounds and self._reads_first_round_labels():  # the round's rows carry none
             raise ConfigError(f"config.ibpo.operator={self.ibpo.operator!r} reads labels only "
                               f"the first round has: not with the extra round of "
                               f"{rounds[0].switch}")

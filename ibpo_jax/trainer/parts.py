@@ -125,11 +125,8 @@ def _vouch(cfg: RunConfig, make: Callable[..., Any], mesh: Mesh, tokenizer: Any
     the run's sampler factory) and settings (trainer/vouch.py); None for the other operators."""
     if cfg.ibpo.operator not in comparison.NEEDS_VOUCHED:
         return None
-    r = cfg.rollout
-    return vouch_lib.Vouch(make(mesh, num_samples=cfg.ibpo.completions), cfg.ibpo,
-                           r.group_size, np.asarray(tokenizer.is_delim),
-                           r.max_prompt_len + r.max_new_tokens, r.prompts_per_step,
-                           tokenizer.pad_id)
+    return vouch_lib.build(cfg.ibpo, cfg.rollout, make(mesh, num_samples=cfg.ibpo.completions),
+                           tokenizer)
 
 
 def build(cfg: RunConfig, workdir: str | Path, *, log: Callable[..., None] | None = None

@@ -57,6 +57,15 @@ class Vouch(NamedTuple):
     pad_id: int
 
 
+def build(ibpo: IbpoConfig, rollout: Any, generate: sampling.GenerateFn, tokenizer: Any
+          ) -> Vouch:
+    """The run's `Vouch`: `generate` samples ibpo.completions continuations a prompt on the
+    training mesh; prefixes take the rollout's prompt + response width, B a sampler call."""
+    return Vouch(generate, ibpo, rollout.group_size, np.asarray(tokenizer.is_delim),
+                 rollout.max_prompt_len + rollout.max_new_tokens, rollout.prompts_per_step,
+                 tokenizer.pad_id)
+
+
 def step_end_columns(tokens: np.ndarray, length: int, is_delim: np.ndarray) -> np.ndarray:
     """[k] the column that closes each non-empty step of one response (tokens [R], the first
     `length` real, EOS not among them): the delimiter right after the step's last token, or
