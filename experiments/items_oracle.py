@@ -30,14 +30,26 @@ ORACLE_TOKEN = run("oracle, token", "ibpo_gspo",
 # form (countdown: commutative operands sorted). Trained where right paths differ.
 PEER_STEPS = dataclasses.replace(run("peer_steps", "ibpo_gspo",
                                      **{"ibpo.operator": "peer_steps"}), tasks=("countdown",))
-# In the order a seed trains them: the baseline first, the arm that is on one task only last.
-ORACLE_RUNS = (GSPO, IBPO, ORACLE_SEQ, ORACLE_TOKEN, PEER_STEPS)
+# Issue 57's checker-free operator that walks the first error forward while a policy continuation
+# of the step's prefix is judged right. Its continuations count in the budget (4.5x a step's
+# rollouts on countdown), so it is read twice: at GSPO's steps, and stopped at GSPO's budget
+# (200 steps x 256 rollouts; the stop overshoots by less than one step).
+GSPO_BUDGET = 200 * 256
+VOUCHED = dataclasses.replace(run("vouched_steps", "ibpo_gspo",
+                                  **{"ibpo.operator": "vouched_steps"}), tasks=("countdown",))
+VOUCHED_BUDGET = dataclasses.replace(
+    run("vouched_steps, GSPO's budget", "ibpo_gspo",
+        **{"ibpo.operator": "vouched_steps", "train.budget": GSPO_BUDGET}), tasks=("countdown",))
+# In the order a seed trains them: the baseline first, the arms that are on one task only last.
+ORACLE_RUNS = (GSPO, IBPO, ORACLE_SEQ, ORACLE_TOKEN, PEER_STEPS, VOUCHED_BUDGET, VOUCHED)
 # Each arm against GSPO, and the oracle against the paper's operator: (a, b, question).
 PAIRS = (("IBPO-GSPO", "GSPO", "the paper's operator"),
          ("oracle, sequence", "GSPO", "oracle credit, sequence level"),
          ("oracle, token", "GSPO", "oracle credit, token level"),
          ("oracle, sequence", "IBPO-GSPO", "oracle against the paper's operator"),
-         ("peer_steps", "GSPO", "peer_steps"))
+         ("peer_steps", "GSPO", "peer_steps"),
+         ("vouched_steps", "GSPO", "vouched_steps, GSPO's steps"),
+         ("vouched_steps, GSPO's budget", "GSPO", "vouched_steps, GSPO's budget"))
 
 ORACLE_ITEMS = (
     Item(

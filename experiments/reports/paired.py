@@ -204,7 +204,7 @@ def plot(panels: list[tuple[str, dict, list[dict]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
-    markers = dict(zip([a for a, _, _ in PAIRS], "osD^v"))
+    markers = dict(zip([a for a, _, _ in PAIRS], "osD^v<>"))
     for ax, (task, data, rows) in zip(axes[0], panels):
         for arm, m, sd, d, lo, hi in points(data, rows):
             if d != d or m != m:
