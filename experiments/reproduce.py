@@ -2,6 +2,7 @@
 
     python -m experiments.reproduce ITEM [--task arith|arith_long] [--seeds N] [--jobs J] [--smoke]
                                          [--out DIR] [--only LABEL,...] [--report-only]
+                                         [--rerun LABEL:SEED]
 
 ITEM is an item of `ITEMS` (experiments/items_registry.py; `--help` lists them), several of
 them joined by commas (their runs train as one pool, `--jobs` at a time), or `all`. The driver
@@ -21,7 +22,10 @@ and names the command that trains its item's runs. `--only` trains just the runs
 labels (the report still reads every record); a run that another driver is training is left
 to it.
 `--report-only` trains nothing and reports the records there are (a grid stopped midway: the
-tables say how many seeds each row has). Verdicts follow one rule for every item
+tables say how many seeds each row has). `--rerun LABEL:SEED` (a paired item) trains one
+recorded seed again at this commit and keeps it beside the records: where it reproduces its
+record exactly, that run's records pair with arms trained at this commit
+(experiments/reports/reuse.py). Verdicts follow one rule for every item
 (experiments/reports/stats.py, stated in experiments/results/README.md); records name the code that
 made them (`commit`, `dirty`; older ones back-filled by `python -m experiments.reports.provenance`).
 
@@ -277,6 +281,35 @@ def refuse_dirty(paired: list[items_lib.Item]) -> None:
                          "worktree pinned to its commit")
 
 
+def rerun(name: str, spec: str, *, task: str, out: Path) -> Path:
+    """Trains seed SEED of the paired item's run LABEL again at this commit (`spec`
+    "LABEL:SEED"), beside its records (experiments/reports/reuse.py: a rerun that reproduces
+    its record exactly lets that run's records pair with arms trained at this commit)."""
+    from experiments.reports import reuse
+
+    item = items_registry.ITEMS[name]
+    label, _, seed = spec.rpartition(":")
+    runs = {r.label: r for r in item.runs_on(task)}
+    if not item.paired or label not in runs or not seed.isdigit():
+        raise SystemExit(f"--rerun {spec}: give LABEL:SEED of a run of a paired item on "
+                         f"--task {task}" + (f"; runs: {', '.join(runs)}" if item.paired
+                                             else f"; {name} is not paired"))
+    refuse_dirty([item])
+    records_dir, preset = own(out / "runs" / task, True), TASKS[task][0]
+    if not (records_dir / f"{runs[label].name}_s{seed}.json").exists():
+        raise SystemExit(f"--rerun {spec}: no record of it in {records_dir} to reproduce")
+    runs_dir = own(ROOT / "runs" / "reproduce" / task, True) / reuse.RERUNS
+    workdir = runs_dir / f"{runs[label].name}_s{seed}"
+    cmd = command(runs[label], task=task, preset=preset, seed=int(seed), workdir=workdir,
+                  extra=TASKS[task][1])
+    _, _, err = _train((cmd, workdir, runs_dir / "logs" / f"{workdir.name}.log"))
+    if err or (rec := compact(workdir, cmd)) is None:
+        raise SystemExit(f"--rerun {spec}: {err or 'no final evaluation'}")
+    path = reuse.rerun_path(records_dir, runs[label].name, int(seed), rec["commit"])
+    write_record(path, rec)
+    return path
+
+
 def reproduce(names: list[str], *, task: str, seeds: int | None, parallel: int, smoke: bool,
               out: Path, only: tuple[str, ...] = (), train: bool = True) -> list[Path]:
     """Runs and reports `names` (training only the runs labelled `only`, if given; nothing
@@ -340,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
                    "'SCoRe+GRPO'); the report still reads every recorded run")
     p.add_argument("--report-only", action="store_true", help="train nothing: write the "
                    "reports from the records there are (a grid stopped midway)")
+    p.add_argument("--rerun", default="", metavar="LABEL:SEED", help="a paired item: train "
+                   "this seed of this run again at this commit, then report (its old records "
+                   "pair with this commit's where the rerun reproduces its record exactly)")
     args = p.parse_args(argv)
     out = args.out or (Path(tempfile.mkdtemp(prefix="reproduce-smoke-")) if args.smoke
                        else RESULTS)
@@ -351,11 +387,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{', '.join(planned)})")
     if bad := [n for n in names if n not in registry]:
         p.error(f"unknown item {', '.join(bad)}; valid: {', '.join(registry)}, all")
+    if args.rerun and len(names) != 1:
+        p.error("--rerun: name one paired item")
     try:
+        if args.rerun:
+            print(f"wrote {rerun(names[0], args.rerun, task=args.task, out=out)}")
         for path in reproduce(names, task=args.task, seeds=args.seeds, parallel=args.jobs,
                               smoke=args.smoke, out=out,
                               only=tuple(x for x in args.only.split(",") if x),
-                              train=not args.report_only):
+                              train=not (args.report_only or args.rerun)):
             print(f"wrote {path}")
     except logs.MetricsFileError as e:  # a damaged run log: named, FILE:LINE
         print(f"reproduce: {e}", file=sys.stderr)

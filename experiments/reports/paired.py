@@ -8,9 +8,11 @@ paired t with n − 1 df, its 95 % interval, Holm within the item's comparisons,
 |mean d| the pairs detect at 80 % power (`stats.paired`). Seed-to-seed variation of the
 problems drawn and of the base's sampling is shared by both arms of a pair and cancels.
 
-Provenance is checked, not assumed: a seed whose arms' records differ in commit or host, or
-come from a dirty tree, is left out of every pair, and seeds of more than one commit are not
-paired at all; the page says which and why.
+Provenance is checked, not assumed: a seed whose two records differ in host, or in commit,
+or come from a dirty tree, is left out of that pair, and a comparison whose seeds come from
+more than one commit is not paired at all; the page says which and why. Records of an older
+commit stand for a newer one only where a rerun of one of their seeds there reproduces its
+record exactly (`reuse`: how an arm added later pairs with arms trained before it).
 
 The figure puts every operator on two axes per task: its first-error agreement with the
 checker during training (the per-step `first_error_agreement`, mean over the run) against its
@@ -20,6 +22,7 @@ root holds every task's panel.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from experiments import items as items_lib
 from experiments.items_oracle import PAIRS
-from experiments.reports import report, stats
+from experiments.reports import report, reuse, stats
 from experiments.reports.report_provenance import final_accuracy as final
 
 BASELINE = "GSPO"
@@ -45,31 +48,56 @@ def records(item: items_lib.Item, task: str, records_dir: Path, seeds: int
     return out
 
 
-def provenance(data: dict[str, dict[int, dict]]) -> tuple[list[str], str, dict[int, str]]:
-    """(the (commit, host) groups of the records, each with its count; why nothing is paired,
-    or ""; the seeds left out of every pair, with why). A seed pairs only when all its arms'
-    records are clean and of one commit on one host; the item asks one commit for all its
-    seeds (hosts may differ from seed to seed: each pair's difference is taken on one)."""
+@dataclasses.dataclass(frozen=True)
+class Provenance:
+    """Where the records come from: their (commit, host) groups with counts, the commits each
+    record stands for (its own, and those a rerun carries it to: `reuse.carried`), and one
+    sentence per rerun."""
+
+    groups: list[str]
+    commits: dict[str, dict[int, frozenset[str]]]
+    reused: list[str]
+
+
+def provenance(data: dict[str, dict[int, dict]],
+               found: dict[str, list[tuple[int, dict]]] | None = None) -> Provenance:
     groups: dict[tuple[str, str], int] = {}
-    per_seed: dict[int, set[tuple[str, str]]] = {}
-    dirty: dict[int, list[str]] = {}
-    for label, recs in data.items():
-        for seed, rec in recs.items():
+    for recs in data.values():
+        for rec in recs.values():
             key = (str(rec.get("commit", "unknown"))[:10], rec.get("cpu") or "unknown")
             groups[key] = groups.get(key, 0) + 1
-            per_seed.setdefault(seed, set()).add(key)
-            if rec.get("dirty") is not False:
-                dirty.setdefault(seed, []).append(label)
-    listed = [f"commit {c} on {cpu} ({n} records)" for (c, cpu), n in sorted(groups.items())]
-    bad = {s: f"its arms ran on {len(k)} (commit, host) pairs: "
-              + "; ".join(f"{c} on {cpu}" for c, cpu in sorted(k))
-           for s, k in per_seed.items() if len(k) > 1}
-    bad.update({s: f"records from a dirty tree ({', '.join(labels)})"
-                for s, labels in dirty.items() if s not in bad})
-    commits = sorted({c for s, k in per_seed.items() if s not in bad for c, _ in k})
-    why = (f"the seeds come from {len(commits)} commits ({', '.join(commits)}); the item pairs "
-           "seeds of one commit only: retrain the others at one" if len(commits) > 1 else "")
-    return listed, why, bad
+    commits, reused = reuse.carried(data, found or {})
+    return Provenance([f"commit {c} on {cpu} ({n} records)"
+                       for (c, cpu), n in sorted(groups.items())], commits, reused)
+
+
+def pairable(data: dict[str, dict[int, dict]], prov: Provenance, a: str, b: str
+             ) -> tuple[list[int], dict[int, str], str]:
+    """(the seeds arms a and b pair on; the seeds left out, with why; why none pairs, or "").
+    Seed s pairs when both records are clean, of one host, and stand for a common commit;
+    the comparison asks one commit for all its seeds (hosts may differ from seed to seed:
+    each pair's difference is taken on one)."""
+    seeds, bad, shared = [], {}, []
+    for s in sorted(set(data[a]) & set(data[b])):
+        ra, rb = data[a][s], data[b][s]
+        common = prov.commits[a][s] & prov.commits[b][s]
+        if dirty := [x for x, r in ((a, ra), (b, rb)) if r.get("dirty") is not False]:
+            bad[s] = f"records from a dirty tree ({', '.join(dirty)})"
+        elif ra.get("cpu") != rb.get("cpu"):
+            bad[s] = f"its arms ran on 2 hosts ({ra.get('cpu')}; {rb.get('cpu')})"
+        elif not common:
+            bad[s] = (f"its arms ran at 2 commits ({', '.join(sorted(prov.commits[a][s]))}; "
+                      f"{', '.join(sorted(prov.commits[b][s]))}) and no rerun reproduces "
+                      "one at the other")
+        else:
+            seeds.append(s)
+            shared.append(common)
+    if not shared or frozenset.intersection(*shared):
+        return seeds, bad, ""
+    commits = sorted(frozenset.union(*shared))
+    return seeds, bad, (f"the seeds come from {len(commits)} commits ({', '.join(commits)}); "
+                        "the item pairs seeds of one commit only: retrain the others at one, "
+                        "or rerun one of their seeds at it (`--rerun`)")
 
 
 def run_mean(rec: dict, key: str) -> float | None:
@@ -78,27 +106,56 @@ def run_mean(rec: dict, key: str) -> float | None:
     return statistics.mean(values) if values else None
 
 
-def compare(data: dict[str, dict[int, dict]], *, refused: bool,
-            left_out: frozenset[int] | set[int] = frozenset()) -> list[dict]:
-    """Every pair of `PAIRS` whose arms both have records: its seeds (those `left_out`
-    excepted), test, Holm-adjusted p (over the pairs of the item on this task) and finding."""
+def compare(data: dict[str, dict[int, dict]], prov: Provenance) -> list[dict]:
+    """Every pair of `PAIRS` whose arms both have records: its seeds (`pairable`), test,
+    Holm-adjusted p (over the pairs of the item on this task) and finding."""
     rows = []
     for a, b, question in PAIRS:
         if a not in data or b not in data:
             continue
-        seeds = sorted((set(data[a]) & set(data[b])) - set(left_out))
-        diffs = [final(data[a][s]) - final(data[b][s]) for s in seeds]
-        rows.append({"a": a, "b": b, "question": question, "seeds": seeds,
-                     "mean": statistics.mean(diffs) if diffs and not refused else math.nan,
-                     "test": stats.paired([] if refused else diffs)})
-    tested = [i for i, r in enumerate(rows) if len(r["seeds"]) >= 2 and not refused]
+        seeds, bad, why = pairable(data, prov, a, b)
+        diffs = [] if why else [final(data[a][s]) - final(data[b][s]) for s in seeds]
+        rows.append({"a": a, "b": b, "question": question, "seeds": seeds, "left_out": bad,
+                     "why": why, "mean": statistics.mean(diffs) if diffs else math.nan,
+                     "test": stats.paired(diffs)})
+    tested = [i for i, r in enumerate(rows) if len(r["seeds"]) >= 2 and not r["why"]]
     adjusted = dict(zip(tested, stats.holm([rows[i]["test"].p for i in tested], len(rows))))
     for i, r in enumerate(rows):
         r["holm"] = adjusted.get(i, math.nan)
-        r["finding"] = ("refused (provenance)" if refused else "n/a (< 2 pairs)"
+        r["finding"] = ("refused (provenance)" if r["why"] else "n/a (< 2 pairs)"
                         if i not in adjusted else stats.direction(test=r["test"],
                                                                   adjusted_p=r["holm"]))
     return rows
+
+
+def _left_out(rows: list[dict]) -> list[str]:
+    """The page's lines on seeds left out and comparisons refused, each reason once."""
+    by: dict[tuple[int, str], list[str]] = {}
+    for r in rows:
+        for seed, reason in r["left_out"].items():
+            by.setdefault((seed, reason), []).append(f"{r['a']} − {r['b']}")
+    lines = []
+    for (seed, reason), names in sorted(by.items()):
+        where = ("every pair" if len(names) == len(rows) else "; ".join(names))
+        lines += [f"**Seed {seed} left out of {where}:** {reason}.", ""]
+    for why in dict.fromkeys(r["why"] for r in rows if r["why"]):
+        names = "; ".join(f"{r['a']} − {r['b']}" for r in rows if r["why"] == why)
+        lines += [f"**Not paired ({names}):** {why}.", ""]
+    return lines
+
+
+def _budgets(data: dict[str, dict[int, dict]]) -> list[str]:
+    """A line on the arms whose rollouts and continuations spent another budget than GSPO's
+    (`vouched_steps` samples continuations): steps and trajectories at their last row."""
+    spent = {label: [(r["rows"][-1]["step"], r["rows"][-1].get("budget_trajectories", 0.0))
+                     for r in recs.values()] for label, recs in data.items()}
+    base = statistics.mean(b for _, b in spent.get(BASELINE, [(0, 0.0)])) or math.nan
+    said = [f"{label} {statistics.mean(s for s, _ in v):.0f} steps, "
+            f"{statistics.mean(b for _, b in v):,.0f} trajectories "
+            f"({statistics.mean(b for _, b in v) / base:.2f}× {BASELINE}'s)"
+            for label, v in spent.items() if abs(statistics.mean(b for _, b in v) / base - 1)
+            > 0.005]
+    return [f"Budget, mean over seeds at the last row: {'; '.join(said)}.", ""] if said else []
 
 
 def _pts(x: float) -> str:
@@ -129,8 +186,9 @@ def answer(rows: list[dict]) -> str:
 def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
           out_dir: Path, command: str, records_dir: Path) -> list[Path]:
     """<item>.md, .json and .png of one task."""
-    groups, why, bad = provenance(data)
-    rows = compare(data, refused=bool(why), left_out=set(bad))
+    prov = provenance(data, reuse.reruns(records_dir, {r.label: r.name
+                                                       for r in item.runs_on(task)}))
+    rows = compare(data, prov)
     arms = [r.label for r in item.runs_on(task) if r.label in data]
     lines = [f"# {item.title}", "", f"Asked: {item.claim}.", "",
              f"Produced by `{command}` from the records in `runs/{task}/{records_dir.name}/` "
@@ -161,12 +219,11 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
     said = answer(rows)
     if most < item.min_seeds and not said.startswith("not answered"):
         said = f"so far, at {most} of {item.min_seeds} seeds: {said}"
-    lines += ["", f"**Answer:** {said}.", ""]
-    if why:
-        lines += [f"**Not paired:** {why}.", ""]
-    for seed, reason in sorted(bad.items()):
-        lines += [f"**Seed {seed} left out of every pair:** {reason}.", ""]
-    lines += [f"Code and hosts: {'; '.join(groups)}.", "", f"![{item.name}]({item.name}.png)",
+    lines += ["", f"**Answer:** {said}.", "", *_left_out(rows), *_budgets(data)]
+    lines += [f"Code and hosts: {'; '.join(prov.groups)}.", ""]
+    lines += [f"Reused (`experiments/reports/reuse.py`): {'; '.join(prov.reused)}.", ""
+              ] if prov.reused else []
+    lines += [f"![{item.name}]({item.name}.png)",
               "", f"*First-error agreement with the checker (x, mean ± sd over seeds) against "
               f"the final accuracy's change over {BASELINE} (y, paired mean and 95 % "
               "interval), one point per operator.*"]
@@ -243,8 +300,8 @@ def probe(ctx: items_lib.ProbeContext) -> list[Path]:
     for task_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
         sub = task_dir / ctx.records_dir.name
         if sub.is_dir() and (d := records(ctx.item, task_dir.name, sub, ctx.seeds)):
-            _, why, bad = provenance(d)
-            panels.append((task_dir.name, d, compare(d, refused=bool(why), left_out=set(bad))))
+            found = reuse.reruns(sub, {r.label: r.name for r in ctx.item.runs_on(task_dir.name)})
+            panels.append((task_dir.name, d, compare(d, provenance(d, found))))
     combined = ctx.out_dir.parent / f"{ctx.item.name}.png"
     plot(panels, combined)
     return [*files, combined]
