@@ -390,6 +390,8 @@ def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int) -
 def notes(s: Any) -> list[str]:
     import jax
 
+    from ibpo_jax.core import comparison
+
     ref = {a.dtype.name for a in jax.tree.leaves(s.reference)}
     lora = s.options.lora_rank
     state = s.resident["params"] + s.resident["adam"]
@@ -402,6 +404,13 @@ def notes(s: Any) -> list[str]:
            f"host memory: a checkpoint copies the train state, {state / GIB:.2f} GiB per "
            "device, to the host while it saves (a CPU run's device memory: the trainer adds "
            "it to the update's peak and refuses a run that does not fit, check_host_memory)"]
+    if s.cfg.ibpo.operator in comparison.NEEDS_VOUCHED:
+        r = s.cfg.rollout
+        out.append(f"not priced: the continuation calls of {s.cfg.ibpo.operator} (up to "
+                   f"{r.prompts_per_step} prefixes x {s.cfg.ibpo.completions} continuations a "
+                   f"call, prompts {r.max_prompt_len + r.max_new_tokens} wide: a KV cache "
+                   "wider than the rollout's; as many calls as the data asks, on countdown "
+                   "4.5x a step's rollouts)")
     if jax.default_backend() == "cpu":
         out.append("compiled by XLA:CPU on simulated devices: its temporaries may hold "
                    "float32 upcasts of bfloat16 values that a GPU/TPU compile would not "

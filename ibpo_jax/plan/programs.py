@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from ibpo_jax import models
 from ibpo_jax.config import RunConfig
 from ibpo_jax.config.registry import PROCEDURAL
+from ibpo_jax.core import comparison
 from ibpo_jax.models import kv_cache, lora
 from ibpo_jax.plan import flops as flops_lib
 from ibpo_jax.runtime import sharding
@@ -251,7 +252,12 @@ def _rollout(s: Setup) -> tuple[step.Rollout, Any, packing.Packing, Any]:
         prompt=batch((n, p), jnp.int32), prompt_len=batch((n,), jnp.int32),
         response=batch((n, w), jnp.int32), response_len=batch((n,), jnp.int32),
         sample_logp=batch((n, w), jnp.float32), reward=batch((n,), jnp.float32),
-        correct=batch((n,), jnp.bool_), ended=batch((n,), jnp.bool_))
+        correct=batch((n,), jnp.bool_), ended=batch((n,), jnp.bool_),
+        # the host's first-error labels, where the operator reads them
+        step_truth=batch((n,), jnp.int32) if s.cfg.ibpo.operator in comparison.NEEDS_TRUTH
+        else None,
+        step_vouched=batch((n,), jnp.int32)
+        if s.cfg.ibpo.operator in comparison.NEEDS_VOUCHED else None)
     # "packed": at most N model rows (a row each), partitioned a row at a time.
     unit = 1 if s.cfg.update_layout == "packed" else r.group_size
     plan = packing.Packing(rep((n,), jnp.int32), rep((n,), jnp.int32), n, unit)

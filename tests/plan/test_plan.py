@@ -218,6 +218,28 @@ def test_the_plan_compiles_slot_refills_own_programs():
         chunked["resident_bytes_per_device"]["kv_cache_full"]
 
 
+def test_the_plan_takes_the_labelled_operators_and_says_it_does_not_price_continuations():
+    """The operators that read host labels (`checker`, `vouched_steps`) compile their credit
+    with them; `vouched_steps` samples continuations of wrong responses' step prefixes, as
+    many calls as the data asks: the plan says it leaves them out, with the call's shape."""
+    from ibpo_jax import plan
+
+    checker = config.load("configs/ibpo_gspo.py:smoke", [("task.name", "arith"),
+                                                          ("ibpo.operator", "checker")])
+    assert "credit (φ)" in {r["name"] for r in plan.plan_json(checker, "h100", 1,
+                                                              only=("credit",))["program_details"]}
+    cfg = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.operator", "vouched_steps")])
+    said = [n for n in plan.plan_json(cfg, "h100", 1, only=("credit",))["notes"]
+            if n.startswith("not priced")]
+    assert said == ["not priced: the continuation calls of vouched_steps (up to 4 prefixes x 8 "
+                    "continuations a call, prompts 104 wide: a KV cache wider than the "
+                    "rollout's; as many calls as the data asks, on countdown 4.5x a step's "
+                    "rollouts)"]
+    plain = plan.plan_json(config.load("configs/ibpo_gspo.py:smoke"), "h100", 1,
+                           only=("credit",))
+    assert not [n for n in plain["notes"] if n.startswith("not priced")]
+
+
 def test_the_plan_compiles_partial_rollouts_rounds():
     """rollout.partial: each round's calls take C = sample_chunk x G rows as prompts of their
     own, as wide as prompt + the longest prefix (P + N - T), and decode T tokens; in steady
