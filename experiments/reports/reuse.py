@@ -6,6 +6,8 @@ rerun of one of their seeds there, on the same host, reproduces its record exact
 config and base, and every logged value of every row bit for bit (wall-clock fields aside).
 Such a rerun is made by `python -m experiments.reproduce ITEM --task T --rerun LABEL:SEED`
 and kept beside the records, in runs/<task>/paired/reruns/<run name>_s<seed>_<commit>.json.
+Options added to the config since the old commit are the new code's defaults (the command is
+the same), so only the old record's options are compared.
 
 A reproduction carries every record of that run made at the old commit on that host (the same
 program on the same machine: the seed that was rerun stands for the others); a rerun that
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 RERUNS = "reruns"  # the subdirectory of a paired item's records holding its reruns
 CLOCK = "time_"  # wall-clock fields: a rerun never repeats them
@@ -25,11 +28,31 @@ def rerun_path(records_dir: Path, name: str, seed: int, commit: str) -> Path:
     return records_dir / RERUNS / f"{name}_s{seed}_{commit[:10]}.json"
 
 
+def _leaves(tree: Any, path: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {path: tree}
+    return {k: v for key, sub in tree.items()
+            for k, v in _leaves(sub, f"{path}.{key}" if path else key).items()}
+
+
+def _command(rec: dict) -> list[str]:
+    return [a for a in str(rec.get("command", "")).split() if not a.startswith("--workdir=")]
+
+
 def differs(old: dict, new: dict) -> tuple[int, str]:
-    """(values compared, where `new` first differs from `old`; "" when it reproduces it)."""
-    for key in ("config", "base"):
-        if old.get(key) != new.get(key):
-            return 0, f"its {key} differs"
+    """(values compared, where `new` first differs from `old`; "" when it reproduces it).
+    The same command (its workdir aside) and base, every config option of the old record at
+    its value (an option added since is the new code's default: the command sets none), and
+    every logged value bit for bit."""
+    if _command(old) != _command(new):
+        return 0, "its command differs"
+    if old.get("base") != new.get("base"):
+        return 0, "its base differs"
+    now = _leaves(new.get("config") or {})
+    for key, value in _leaves(old.get("config") or {}).items():
+        if key not in now or now[key] != value:
+            return 0, f"its config differs at {key}: {now.get(key, 'no such option')!r}, " \
+                      f"not {value!r}"
     if len(old["rows"]) != len(new["rows"]):
         return 0, f"{len(new['rows'])} logged rows, not {len(old['rows'])}"
     n = 0

@@ -154,8 +154,17 @@ def test_reproduces_compares_config_base_and_every_logged_value():
                     {"step": 10, "pg_var": 1e-3}]}
     assert reuse.differs(old, {**old, "rows": [{**old["rows"][0], "time_total_s": 9.0},
                                                old["rows"][1]]}) == (4, "")
-    assert reuse.differs(old, {**old, "config": {"seed": 1}}) == (0, "its config differs")
+    assert reuse.differs(old, {**old, "config": {"seed": 1}}) == (
+        0, "its config differs at seed: 1, not 0")
+    assert reuse.differs(old, {**old, "config": {}})[1] == \
+        "its config differs at seed: 'no such option', not 0"
+    # an option added since: the new code's default (the command sets none)
+    assert reuse.differs(old, {**old, "config": {"seed": 0, "new": False}})[1] == ""
     assert reuse.differs(old, {**old, "base": None}) == (0, "its base differs")
+    assert reuse.differs({**old, "command": "-m t --workdir=a --config.seed=0"},
+                         {**old, "command": "-m t --workdir=b --config.seed=0"})[1] == ""
+    assert reuse.differs({**old, "command": "-m t --config.seed=0"},
+                         {**old, "command": "-m t --config.seed=1"})[1] == "its command differs"
     assert reuse.differs(old, {**old, "rows": old["rows"][:1]})[1] == "1 logged rows, not 2"
     new = {**old, "rows": [old["rows"][0], {"step": 10, "pg_var": 1e-3 + 1e-18}]}
     assert reuse.differs(old, new)[1].startswith("step 10, pg_var")
