@@ -61,11 +61,14 @@ COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
 # none of the continuations happened to finish right), and each "right" either sees is
 # evidence. The `vouched_steps` operator (trainer/vouch.py) joins them: from the peers' first
 # error it walks on while a continuation of the step's prefix is right. Measured as it runs in
-# training, with its default and with 4x the continuations (the labels keep their first name).
+# training, with its default and with 4x the continuations (records written before 2026-12-07's
+# session 20 named it "after the last step a peer or a completion vouches for": renamed in
+# place, counts untouched, as the walk never tests a step past the first it cannot vouch for).
 COMPLETION_LAST = f"the policy's completions ({COMPLETIONS} a prefix): after the last right one"
 MORE_COMPLETIONS = 32
-VOUCHED = {k: f"vouched_steps ({k} completions a prefix): after the last step a peer or a "
-              "completion vouches for" for k in (COMPLETIONS, MORE_COMPLETIONS)}
+VOUCHED = {k: f"vouched_steps ({k} completions a prefix): from the peers' first error on, the "
+              "first step whose prefix no completion finishes right"
+           for k in (COMPLETIONS, MORE_COMPLETIONS)}
 
 
 def signal_names() -> list[str]:
@@ -315,8 +318,8 @@ def write(recs: list[dict], *, out_dir: Path, command: str, records_dir: Path) -
                 f"none of them completes right) find it for {rate(COMPLETION):.1f} %")
     if all(v in names for v in VOUCHED.values()):  # the union of the two checker-free signals
         short += f"; vouched_steps {rate(VOUCHED[COMPLETIONS]):.1f} %"
-        why += (f"; `vouched_steps` (the step after the last prefix a correct peer's steps or "
-                f"a right completion vouch for) finds it for {rate(VOUCHED[COMPLETIONS]):.1f} "
+        why += (f"; `vouched_steps` (from the peers' first error on, the first step whose prefix "
+                f"no continuation finishes right) finds it for {rate(VOUCHED[COMPLETIONS]):.1f} "
                 f"% with {COMPLETIONS} completions a prefix and "
                 f"{rate(VOUCHED[MORE_COMPLETIONS]):.1f} % with {MORE_COMPLETIONS}")
     from experiments.reports import report  # (report does not import the probes)
