@@ -24,7 +24,7 @@ GIB = 2 ** 30
 FAR = 2.0  # compiled vs DESIGN §9 figures further apart than this factor are printed
 # Programs that take the sampler's bf16 weight copy: XLA:CPU converts it to float32 for its
 # dots (a temporary of twice its bytes) where a GPU/TPU reads bf16 directly.
-SAMPLER_PROGRAMS = ("sampling weights", "prefill", "decode")
+SAMPLER_PROGRAMS = ("sampling weights", "prefill", "decode", "vouch: prefill", "vouch: decode")
 
 
 class PlanError(ValueError):
@@ -405,12 +405,10 @@ def notes(s: Any) -> list[str]:
            "device, to the host while it saves (a CPU run's device memory: the trainer adds "
            "it to the update's peak and refuses a run that does not fit, check_host_memory)"]
     if s.cfg.ibpo.operator in comparison.NEEDS_VOUCHED:
-        r = s.cfg.rollout
-        out.append(f"not priced: the continuation calls of {s.cfg.ibpo.operator} (up to "
-                   f"{r.prompts_per_step} prefixes x {s.cfg.ibpo.completions} continuations a "
-                   f"call, prompts {r.max_prompt_len + r.max_new_tokens} wide: a KV cache "
-                   "wider than the rollout's; as many calls as the data asks, on countdown "
-                   "4.5x a step's rollouts)")
+        out.append(f"{s.cfg.ibpo.operator}: its continuation calls are compiled per call "
+                   "(vouch: prefill, vouch: decode), with no runs in the step's time: a step "
+                   "makes as many as its wrong responses' walks ask (on countdown, 4.5x a "
+                   "step's rollouts)")
     if jax.default_backend() == "cpu":
         out.append("compiled by XLA:CPU on simulated devices: its temporaries may hold "
                    "float32 upcasts of bfloat16 values that a GPU/TPU compile would not "
@@ -455,7 +453,7 @@ def not_fitting(cfg: Any, mesh: Any, worst: dict, capacity: int, s: Any, target:
                 return (f"{head}: set --config.model.remat=full "
                         f"{microbatches_knob(cfg, mesh, m)}")
     devices, tensor = mesh.devices.size, mesh.shape["tensor"]
-    if name in SAMPLER_PROGRAMS + ("decode: grow cache",):
+    if name in SAMPLER_PROGRAMS + ("decode: grow cache", "vouch: decode: grow cache"):
         # The sampler's weights are whole on each batch replica: only `tensor` splits them
         # (with XLA:CPU's float32 copy of them, 3x the copy's bytes in all).
         upcast = worst.get("cpu_weight_upcast_estimate", 0)

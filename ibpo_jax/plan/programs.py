@@ -330,44 +330,54 @@ def sampler_calls(cfg: RunConfig) -> Calls:
     return Calls(chunk, g, p, n, b // chunk, chunk * g)
 
 
-def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
-    """Every program of one RL step (the update's compile can be passed in: the search for
-    micro-batches already made it)."""
-    mesh, r = s.mesh, s.cfg.rollout
-    rollout, key, plan, _ = _rollout(s)
-    spec = spec_of(s)
-    programs = []
-    c = sampler_calls(s.cfg)
+def generator(s: Setup) -> Any:
+    """The sampler function of the step's calls (`sampler_calls`): slot refill's or the
+    one-pass sampler, as the trainer makes it (`batching.sampler`)."""
+    r, c = s.cfg.rollout, sampler_calls(s.cfg)
     kw = dict(max_new_tokens=c.new_tokens, temperature=r.temperature, top_p=r.top_p,
-              top_k=r.top_k, num_samples=c.samples, eos_ids=(0,), pad_id=0, mesh=mesh)
-    gen = (refill.refill_fn(s.config, s.options, slots=c.rows, **kw)
-           if r.refill else sampling.generate_fn(s.config, s.options, **kw))
+              top_k=r.top_k, num_samples=c.samples, eos_ids=(0,), pad_id=0, mesh=s.mesh)
+    return (refill.refill_fn(s.config, s.options, slots=c.rows, **kw)
+            if r.refill else sampling.generate_fn(s.config, s.options, **kw))
+
+
+def sample(s: Setup, gen: Any, weights: Any, key: Any) -> list[Program]:
+    """The prefill and decode legs of the step's sampler calls, from the weight copy."""
+    mesh, r, c = s.mesh, s.cfg.rollout, sampler_calls(s.cfg)
     b, calls = c.prompts, c.calls
     split = b % (mesh.shape["data"] * mesh.shape["fsdp"]) == 0
     psh = sharding.batch_sharding if split else (lambda m, nd: NamedSharding(m, P()))
     prompts = SDS((b, c.width), jnp.int32, sharding=psh(mesh, 2))
     lens = SDS((b,), jnp.int32, sharding=psh(mesh, 1))
-    with jax.set_mesh(mesh):
+    if r.refill:  # the call's prompt store, then S slots refilled from the queue
+        traced = gen.programs.start.trace(weights, prompts, lens, key, b * c.samples)
+        note = f"{b} prompts encoded once (slot refill's store)"
+    else:
+        traced = gen.prefill.trace(weights, prompts, lens, key)
+        note = f"{b} prompts x {c.samples}"
+    if r.partial:
+        note += f", {c.width} wide (partial rollouts' rounds: prompt + prefix)"
+    prog, compiled = _compile("prefill", traced, calls, 0, note)
+    return [prog, *_decode(s, gen, weights, outputs(traced, compiled, mesh), calls)]
+
+
+def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
+    """Every program of one RL step (the update's compile can be passed in: the search for
+    micro-batches already made it)."""
+    from ibpo_jax.plan import vouch  # (it compiles with this module's functions)
+
+    rollout, key, plan, _ = _rollout(s)
+    spec = spec_of(s)
+    gen = generator(s)
+    with jax.set_mesh(s.mesh):
         # The sampler's weights: the compute-dtype copy in its layout, made once per rollout
         # and an argument of prefill and every decode leg.
         traced = gen.weights.trace(s.params)
-        prog, compiled = _compile("sampling weights", traced, calls, device_bytes(s.params),
-                                  "the compute-dtype copy decode reads")
-        programs.append(prog)
-        weights = outputs(traced, compiled, mesh)
+        prog, compiled = _compile("sampling weights", traced, sampler_calls(s.cfg).calls,
+                                  device_bytes(s.params), "the compute-dtype copy decode reads")
+        weights = outputs(traced, compiled, s.mesh)
         s.sampling_copy = device_bytes(weights)
-        if r.refill:  # the call's prompt store, then S slots refilled from the queue
-            traced = gen.programs.start.trace(weights, prompts, lens, key, b * c.samples)
-            note = f"{b} prompts encoded once (slot refill's store)"
-        else:
-            traced = gen.prefill.trace(weights, prompts, lens, key)
-            note = f"{b} prompts x {c.samples}"
-        if r.partial:
-            note += f", {c.width} wide (partial rollouts' rounds: prompt + prefix)"
-        prog, compiled = _compile("prefill", traced, calls, 0, note)
-        programs.append(prog)
-        state = outputs(traced, compiled, mesh)
-        programs += _decode(s, gen, weights, state, calls)
+        programs = [prog, *sample(s, gen, weights, key)]
+        programs += vouch.programs(s, weights, key)
         prog, credit_out = compile_credit(s)
         programs.append(prog)
         # π_ref / π_old scoring runs inside the update (its memory is the update's): traced

@@ -53,17 +53,18 @@ class Vouch(NamedTuple):
     group_size: int
     is_delim: np.ndarray  # [V] bool: the tokens that end a step
     width: int  # prefix prompt columns: rollout.max_prompt_len + rollout.max_new_tokens
-    chunk: int  # prefixes per sampler call
+    chunk: int  # prefixes per sampler call (the rollout's: sample_chunk, else B)
     pad_id: int
 
 
 def build(ibpo: IbpoConfig, rollout: Any, generate: sampling.GenerateFn, tokenizer: Any
           ) -> Vouch:
     """The run's `Vouch`: `generate` samples ibpo.completions continuations a prompt on the
-    training mesh; prefixes take the rollout's prompt + response width, B a sampler call."""
+    training mesh; prefixes take the rollout's prompt + response width, as many a sampler call
+    as the rollout's prompts (rollout.sample_chunk, else B: the knob that fits its memory)."""
     return Vouch(generate, ibpo, rollout.group_size, np.asarray(tokenizer.is_delim),
-                 rollout.max_prompt_len + rollout.max_new_tokens, rollout.prompts_per_step,
-                 tokenizer.pad_id)
+                 rollout.max_prompt_len + rollout.max_new_tokens,
+                 rollout.sample_chunk or rollout.prompts_per_step, tokenizer.pad_id)
 
 
 def step_end_columns(tokens: np.ndarray, length: int, is_delim: np.ndarray) -> np.ndarray:

@@ -218,26 +218,34 @@ def test_the_plan_compiles_slot_refills_own_programs():
         chunked["resident_bytes_per_device"]["kv_cache_full"]
 
 
-def test_the_plan_takes_the_labelled_operators_and_says_it_does_not_price_continuations():
+def test_the_plan_takes_the_labelled_operators_and_compiles_vouched_continuations():
     """The operators that read host labels (`checker`, `vouched_steps`) compile their credit
-    with them; `vouched_steps` samples continuations of wrong responses' step prefixes, as
-    many calls as the data asks: the plan says it leaves them out, with the call's shape."""
+    with them. `vouched_steps` adds its continuation call, compiled per call: C prefixes x K
+    continuations, each prompt P + R wide, R tokens decoded (smoke: C 2, K 8, P 64, R 40), a
+    wider cache than the rollout's; no runs in the step's time (their count follows the
+    data)."""
     from ibpo_jax import plan
 
     checker = config.load("configs/ibpo_gspo.py:smoke", [("task.name", "arith"),
                                                           ("ibpo.operator", "checker")])
     assert "credit (φ)" in {r["name"] for r in plan.plan_json(checker, "h100", 1,
                                                               only=("credit",))["program_details"]}
-    cfg = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.operator", "vouched_steps")])
-    said = [n for n in plan.plan_json(cfg, "h100", 1, only=("credit",))["notes"]
-            if n.startswith("not priced")]
-    assert said == ["not priced: the continuation calls of vouched_steps (up to 4 prefixes x 8 "
-                    "continuations a call, prompts 104 wide: a KV cache wider than the "
-                    "rollout's; as many calls as the data asks, on countdown 4.5x a step's "
-                    "rollouts)"]
-    plain = plan.plan_json(config.load("configs/ibpo_gspo.py:smoke"), "h100", 1,
-                           only=("credit",))
-    assert not [n for n in plain["notes"] if n.startswith("not priced")]
+    base = [("rollout.sample_chunk", "2")]
+    plain = plan.plan_json(config.load("configs/ibpo_gspo.py:smoke", base), "h100", 1)
+    cfg = config.load("configs/ibpo_gspo.py:smoke", [*base, ("ibpo.operator", "vouched_steps")])
+    out = plan.plan_json(cfg, "h100", 1)
+    rows = {r["name"]: r for r in out["program_details"]}
+    before = {r["name"]: r for r in plain["program_details"]}
+    assert "vouch: prefill" not in before
+    prefill, decode = rows["vouch: prefill"], rows["vouch: decode"]
+    assert prefill["runs"] == decode["runs"] == 0
+    assert prefill["note"].startswith("2 prompts x 8; per call of 2 prefixes x 8, 104 wide")
+    assert decode["note"].startswith("1 x 39 steps (no row ends early), 16 rows")
+    # 16 rows of 104 + 40 positions against the rollout's 8 of 64 + 40
+    assert decode["device_peak"] > before["decode"]["device_peak"]
+    assert out["predicted_step_s"] == pytest.approx(plain["predicted_step_s"], rel=0.05)
+    assert any(n.startswith("vouched_steps: its continuation calls are compiled per call")
+               for n in out["notes"])
 
 
 def test_the_plan_compiles_partial_rollouts_rounds():

@@ -83,6 +83,17 @@ def test_config_refusals_are_one_line():
                                                     ("ibpo.correction_rollouts", "True")])
 
 
+def test_a_sampler_call_takes_as_many_prefixes_as_the_rollouts_chunk():
+    """rollout.sample_chunk, the knob that fits a sampler call in memory, sizes the
+    continuation calls too (prefixes are P + R wide: wider than the rollout's prompts)."""
+    tok = types.SimpleNamespace(is_delim=IS_DELIM, pad_id=PAD)
+    for chunk, want in ((0, 4), (2, 2)):
+        cfg = config.load("configs/ibpo_gspo.py:smoke", [("ibpo.operator", "vouched_steps"),
+                                                          ("rollout.sample_chunk", str(chunk))])
+        v = vouch.build(cfg.ibpo, cfg.rollout, generate=None, tokenizer=tok)
+        assert (v.chunk, v.width) == (want, 64 + 40)
+
+
 def test_a_training_step_charges_the_continuations_to_the_budget(smoke_data_dir, tmp_path):
     cfg = config.load("configs/ibpo_gspo.py:smoke", [
         ("task.data_dir", str(smoke_data_dir)), ("train.steps", "1"),
