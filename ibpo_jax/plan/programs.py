@@ -370,10 +370,11 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
     gen = generator(s)
     with jax.set_mesh(s.mesh):
         # The sampler's weights: the compute-dtype copy in its layout, made once per rollout
-        # and an argument of prefill and every decode leg.
+        # (its chunks' and rounds' calls share it) and an argument of prefill and every
+        # decode leg.
         traced = gen.weights.trace(s.params)
-        prog, compiled = _compile("sampling weights", traced, sampler_calls(s.cfg).calls,
-                                  device_bytes(s.params), "the compute-dtype copy decode reads")
+        prog, compiled = _compile("sampling weights", traced, 1, device_bytes(s.params),
+                                  "the compute-dtype copy decode reads, one per rollout")
         weights = outputs(traced, compiled, s.mesh)
         s.sampling_copy = device_bytes(weights)
         programs = [prog, *sample(s, gen, weights, key)]

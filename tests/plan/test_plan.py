@@ -209,6 +209,8 @@ def test_the_plan_compiles_slot_refills_own_programs():
     rows = lambda p: {r["name"]: r for r in p["program_details"]}  # noqa: E731
     one, two = rows(chunked), rows(refilled)
     assert one["prefill"]["runs"] == 2 and two["prefill"]["runs"] == 1
+    # one weight copy a rollout, shared by its calls (`sampling.generate_fn`'s `cast`)
+    assert one["sampling weights"]["runs"] == two["sampling weights"]["runs"] == 1
     assert "slot refill's store" in two["prefill"]["note"]
     assert one["decode"]["runs"] == two["decode"]["runs"] == 2 * 39  # 2 passes of 8 rows
     assert "8 rows" in two["decode"]["note"] and "slot refill" in two["decode"]["note"]
