@@ -12,6 +12,9 @@ A paired design (`Item.paired`): every arm's seed s trains on one host at one co
 back, in its own records (runs/<task>/paired/: the older records of GSPO and IBPO-GSPO pool
 hosts and commits, issue 57), and each arm is compared with GSPO on the per-seed differences
 (experiments/reports/paired.py). Its page is written by `experiments.reports.paired:probe`.
+An arm added later trains at its own commit and pairs with the others where a rerun of one of
+their seeds there reproduces its record exactly (experiments/reports/reuse.py): so
+`vouched_steps`, at 5ef10f5, with `countdown`'s GSPO of b17d861.
 """
 
 from __future__ import annotations
