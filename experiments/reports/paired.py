@@ -193,7 +193,10 @@ def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
     lines = [f"# {item.title}", "", f"Asked: {item.claim}.", "",
              f"Produced by `{command}` from the records in `runs/{task}/{records_dir.name}/` "
              f"(a paired design: {item.min_seeds} seeds asked; seed s of every arm on one host "
-             "at one commit, back to back). Final held-out accuracy in %, mean ± sd over "
+             "at one commit, back to back" + ("; an arm added later pairs through a rerun "
+                                              "that reproduces older records, below"
+                                              if prov.reused else "")
+             + "). Final held-out accuracy in %, mean ± sd over "
              "seeds; first-error agreement: the share of scored wrong responses whose first "
              "error under the run's operator is the checker's first wrong step, mean over the "
              "run's logged steps (GSPO's terminal operator names the first step of every "
