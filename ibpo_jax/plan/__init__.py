@@ -312,7 +312,7 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
     import jax
 
     from ibpo_jax.plan import flops as flops_lib
-    from ibpo_jax.plan import programs
+    from ibpo_jax.plan import programs, vouch
 
     n_dev = mesh.devices.size
     capacity = _capacity(chip)
@@ -322,7 +322,7 @@ def _plan(cfg: Any, chip: Any, mesh: Any, only: tuple[str, ...] | None, log) -> 
         mb = found if found is not None else s.microbatches
     else:
         s, upd = programs.setup(cfg, mesh, mb, target), None
-    progs = programs.compile_all(s, update=upd)
+    progs = programs.compile_all(s, update=upd, extra=(vouch.programs,))
     resident = s.resident
     rows = _program_table(progs, s, chip, n_dev, sum(resident.values()))
     # FLOPs and time count every program; memory only what was compiled (`only`)

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -360,11 +361,15 @@ def sample(s: Setup, gen: Any, weights: Any, key: Any) -> list[Program]:
     return [prog, *_decode(s, gen, weights, outputs(traced, compiled, mesh), calls)]
 
 
-def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[Program]:
-    """Every program of one RL step (the update's compile can be passed in: the search for
-    micro-batches already made it)."""
-    from ibpo_jax.plan import vouch  # (it compiles with this module's functions)
+# More sampler calls of a step: (setup, the weight copy, key) -> their programs (the plan
+# passes `plan.vouch.programs`, vouched_steps' continuation call).
+Extra = Callable[["Setup", Any, Any], list[Program]]
 
+
+def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None,
+                extra: Sequence[Extra] = ()) -> list[Program]:
+    """Every program of one RL step (the update's compile can be passed in: the search for
+    micro-batches already made it), with the `extra` sampler calls after the rollout's."""
     rollout, key, plan, _ = _rollout(s)
     spec = spec_of(s)
     gen = generator(s)
@@ -378,7 +383,8 @@ def compile_all(s: Setup, *, update: tuple[Program, Any] | None = None) -> list[
         weights = outputs(traced, compiled, s.mesh)
         s.sampling_copy = device_bytes(weights)
         programs = [prog, *sample(s, gen, weights, key)]
-        programs += vouch.programs(s, weights, key)
+        for more in extra:
+            programs += more(s, weights, key)
         prog, credit_out = compile_credit(s)
         programs.append(prog)
         # π_ref / π_old scoring runs inside the update (its memory is the update's): traced
