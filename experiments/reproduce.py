@@ -299,7 +299,8 @@ def rerun(name: str, spec: str, *, task: str, out: Path) -> Path:
     if not (records_dir / f"{runs[label].name}_s{seed}.json").exists():
         raise SystemExit(f"--rerun {spec}: no record of it in {records_dir} to reproduce")
     runs_dir = own(ROOT / "runs" / "reproduce" / task, True) / reuse.RERUNS
-    workdir = runs_dir / f"{runs[label].name}_s{seed}"
+    # One workdir per commit: an older rerun's checkpoints are never resumed by newer code.
+    workdir = runs_dir / f"{runs[label].name}_s{seed}_{git_commit(ROOT)[0][:10]}"
     cmd = command(runs[label], task=task, preset=preset, seed=int(seed), workdir=workdir,
                   extra=TASKS[task][1])
     _, _, err = _train((cmd, workdir, runs_dir / "logs" / f"{workdir.name}.log"))

@@ -233,7 +233,7 @@ def test_the_driver_reruns_one_recorded_seed_beside_the_records(tmp_path, monkey
     assert path == records / "reruns" / "gspo_s0_abcdef0123.json"
     assert json.loads(path.read_text()) == {"commit": "abcdef0123456"}
     cmd, workdir, _ = trained[0]
-    assert workdir.name == "gspo_s0" and workdir.parent.name == "reruns"
+    assert workdir.name == "gspo_s0_abc" and workdir.parent.name == "reruns"  # one a commit
     assert "--config.seed=0" in cmd and "--config=configs/gspo.py:arith_tiny" in cmd
     for spec, says in (("GSPO:1", "no record of it"), ("nope:0", "runs: GSPO, IBPO-GSPO"),
                        ("GSPO", "give LABEL:SEED")):
