@@ -250,7 +250,8 @@ class IbpoConfig(Section):
     """How the scores against the group's correct responses combine: "max" or "mean"."""
     completions: int = 8
     """"vouched_steps": continuations the policy samples from each step prefix it tests; each
-    is a trajectory of the budget (trainer/vouch.py)."""
+    is a trajectory of the budget (trainer/vouch.py). Its sampler calls take the rollout's
+    chunk of prefixes (rollout.sample_chunk, else prompts_per_step)."""
     correction_rollouts: bool = False
     """Appendix B's correction stage (DESIGN §6): each wrong response with a correct peer gets
     one corrected output, trained on as extra samples; each costs 1.2 trajectories."""
