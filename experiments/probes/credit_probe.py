@@ -61,9 +61,7 @@ COMPLETION = f"the policy's completions ({COMPLETIONS} a prefix): none right"
 # none of the continuations happened to finish right), and each "right" either sees is
 # evidence. The `vouched_steps` operator (trainer/vouch.py) joins them: from the peers' first
 # error it walks on while a continuation of the step's prefix is right. Measured as it runs in
-# training, with its default and with 4x the continuations (records written before 2026-12-07's
-# session 20 named it "after the last step a peer or a completion vouches for": renamed in
-# place, counts untouched, as the walk never tests a step past the first it cannot vouch for).
+# training, with its default and with 4x the continuations.
 COMPLETION_LAST = f"the policy's completions ({COMPLETIONS} a prefix): after the last right one"
 MORE_COMPLETIONS = 32
 VOUCHED = {k: f"vouched_steps ({k} completions a prefix): from the peers' first error on, the "

@@ -100,6 +100,12 @@ def pairable(data: dict[str, dict[int, dict]], prov: Provenance, a: str, b: str
                         "or rerun one of their seeds at it (`--rerun`)")
 
 
+def _reruns(item: items_lib.Item, task: str, records_dir: Path
+            ) -> dict[str, list[tuple[int, dict]]]:
+    """The reruns kept beside the item's records on `task` (`reuse.reruns`), by run label."""
+    return reuse.reruns(records_dir, {r.label: r.name for r in item.runs_on(task)})
+
+
 def run_mean(rec: dict, key: str) -> float | None:
     """A per-step metric's mean over the run's logged steps (None: never logged)."""
     values = [row[key] for row in rec["rows"] if key in row and row["step"] > 0]
@@ -186,8 +192,7 @@ def answer(rows: list[dict]) -> str:
 def write(item: items_lib.Item, data: dict[str, dict[int, dict]], *, task: str,
           out_dir: Path, command: str, records_dir: Path) -> list[Path]:
     """<item>.md, .json and .png of one task."""
-    prov = provenance(data, reuse.reruns(records_dir, {r.label: r.name
-                                                       for r in item.runs_on(task)}))
+    prov = provenance(data, _reruns(item, task, records_dir))
     rows = compare(data, prov)
     arms = [r.label for r in item.runs_on(task) if r.label in data]
     lines = [f"# {item.title}", "", f"Asked: {item.claim}.", "",
@@ -303,7 +308,7 @@ def probe(ctx: items_lib.ProbeContext) -> list[Path]:
     for task_dir in sorted(p for p in runs_root.iterdir() if p.is_dir()):
         sub = task_dir / ctx.records_dir.name
         if sub.is_dir() and (d := records(ctx.item, task_dir.name, sub, ctx.seeds)):
-            found = reuse.reruns(sub, {r.label: r.name for r in ctx.item.runs_on(task_dir.name)})
+            found = _reruns(ctx.item, task_dir.name, sub)
             panels.append((task_dir.name, d, compare(d, provenance(d, found))))
     combined = ctx.out_dir.parent / f"{ctx.item.name}.png"
     plot(panels, combined)

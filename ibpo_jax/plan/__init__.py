@@ -24,7 +24,16 @@ GIB = 2 ** 30
 FAR = 2.0  # compiled vs DESIGN §9 figures further apart than this factor are printed
 # Programs that take the sampler's bf16 weight copy: XLA:CPU converts it to float32 for its
 # dots (a temporary of twice its bytes) where a GPU/TPU reads bf16 directly.
-SAMPLER_PROGRAMS = ("sampling weights", "prefill", "decode", "vouch: prefill", "vouch: decode")
+# (vouched_steps' continuation call has the same, named with `plan.vouch.PREFIX`)
+SAMPLER_PROGRAMS = ("sampling weights", "prefill", "decode")
+
+
+def _sampler_program(name: str, *more: str) -> bool:
+    """Whether the program `name` is one of the sampler's (or of `more`), the continuation
+    call's included."""
+    from ibpo_jax.plan.vouch import PREFIX
+
+    return name.removeprefix(PREFIX) in SAMPLER_PROGRAMS + more
 
 
 class PlanError(ValueError):
@@ -375,7 +384,7 @@ def _program_table(progs: list, s: Any, chip: Any, n_dev: int, res_total: int) -
         hbm = p.hbm_bytes if p.hbm_bytes is not None else max(p.count.bytes, p.xla_bytes) / n_dev
         t = max(flops / (n_dev * peak_flops), hbm / bw)
         # XLA:CPU's float32 copy of the bf16 weights (docs/plan.md)
-        copy = 2 * s.sampling_copy if upcast and p.name in SAMPLER_PROGRAMS else 0
+        copy = 2 * s.sampling_copy if upcast and _sampler_program(p.name) else 0
         table.append({"name": p.name, "argument": p.argument, "output": p.output,
                       "alias": p.alias, "temp": p.temp, "peak": p.peak,
                       "device_peak": _device_peak(p, res_total), "runs": p.runs,
@@ -453,7 +462,7 @@ def not_fitting(cfg: Any, mesh: Any, worst: dict, capacity: int, s: Any, target:
                 return (f"{head}: set --config.model.remat=full "
                         f"{microbatches_knob(cfg, mesh, m)}")
     devices, tensor = mesh.devices.size, mesh.shape["tensor"]
-    if name in SAMPLER_PROGRAMS + ("decode: grow cache", "vouch: decode: grow cache"):
+    if _sampler_program(name, "decode: grow cache"):
         # The sampler's weights are whole on each batch replica: only `tensor` splits them
         # (with XLA:CPU's float32 copy of them, 3x the copy's bytes in all).
         upcast = worst.get("cpu_weight_upcast_estimate", 0)

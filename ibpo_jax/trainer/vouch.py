@@ -128,8 +128,9 @@ def vouched(v: Vouch, *, params: Any, prompt: np.ndarray, prompt_len: np.ndarray
             pos=pos, response=response, judge=judge, num_completions=v.ibpo.completions,
             chunk=v.chunk, pad_id=v.pad_id, key=jax.random.fold_in(key, rounds)) > 0
         sampled, rounds = sampled + len(rows), rounds + 1
-        out[rows[right]] += 1
-        rows = rows[right][out[rows[right]] <= n_steps[rows[right]] - 2]
+        moved = rows[right]
+        out[moved] += 1
+        rows = moved[out[moved] <= n_steps[moved] - 2]
     n = max(int(scored.sum()), 1)
     return np.where(scored & (out > first), out, 0).astype(np.int32), {
         "vouch_prefixes": float(sampled), "vouch_completions": float(sampled * v.ibpo.completions),
